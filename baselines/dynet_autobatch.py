@@ -1,0 +1,205 @@
+"""DyNet with autobatching (Neubig et al. 2017): the paper's main dynamic-declaration baseline.
+
+Written the way DyNet's own examples (treelstm, rnnlm) are: one computation graph per batch
+(`dy.renew_cg()`), per-sample expressions built vertex by vertex, `dy.esum` of the per-vertex
+losses, `loss.backward()`, `trainer.update()`. Autobatching finds the batches at forward time.
+
+Autobatch strategy (option `autobatch`): 1 = agenda-based (DyNet's default), 2 = depth-based.
+DyNet reads `dynet_config` once, at its first import, so this module configures and imports
+DyNet lazily in the first constructor. The strategy itself is the C++ global
+`dynet::autobatch_flag`, read again at every forward; a later system in the same process that
+asks for the other strategy gets it by writing that global (ctypes) before each of its forwards.
+Benchmark cells each run in their own process, where that write never happens.
+
+Memory-movement time (Timings.memory_s) is not measured: see README / the module's report.
+DyNet runs float32 only and its CPU kernels on one thread.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+
+from cavs import workloads
+from cavs.graphs import InputError, levels, validate
+
+from .base import System
+
+STRATEGIES = {1: "agenda", 2: "depth"}
+_state = {}   # the process's DyNet: "dy" (module), "flag" (ctypes view of autobatch_flag)
+
+
+def _dynet(autobatch: int, seed: int):
+    """Imports DyNet configured for autobatching (once per process); returns the module."""
+    if "dy" not in _state:
+        import dynet_config
+        if "dynet" not in sys.modules and dynet_config.get() is None:
+            # mem grows on demand; the seed only affects DyNet's own initializers, which we overwrite
+            dynet_config.set(autobatch=autobatch, mem="1024", random_seed=seed)
+        import dynet
+        conf = dynet_config.get() or {}
+        if not conf.get("autobatch"):
+            raise RuntimeError("dynet was imported without autobatching before baselines.dynet_autobatch; "
+                               "import this module first or call dynet_config.set(autobatch=1) before "
+                               "`import dynet`")
+        with open("/proc/self/maps") as maps:   # the libdynet this process has loaded
+            libs = sorted({line.split()[-1] for line in maps if "libdynet" in line})
+        if len(libs) != 1:
+            raise RuntimeError(f"expected one loaded libdynet to select the autobatch strategy, found {libs}")
+        flag = ctypes.c_int.in_dll(ctypes.CDLL(libs[0]), "_ZN5dynet14autobatch_flagE")
+        if flag.value != int(conf["autobatch"]):   # guards against having opened a different copy
+            raise RuntimeError(f"{libs[0]} reports autobatch {flag.value}, dynet_config says {conf['autobatch']}")
+        _state.update(dy=dynet, flag=flag)
+    return _state["dy"]
+
+
+class DynetSystem(System):
+    name = "dynet"
+    supports_float64 = False
+
+    def __init__(self, workload, *, autobatch: int = 1, **kwargs):
+        super().__init__(workload, **kwargs)
+        if autobatch not in STRATEGIES:
+            raise ValueError(f"autobatch must be one of {sorted(STRATEGIES)} "
+                             f"({', '.join(f'{k}={v}' for k, v in STRATEGIES.items())}), got {autobatch!r}")
+        if self.dtype != "float32":
+            raise ValueError(f"DyNet computes in float32 only, got dtype {self.dtype!r}")
+        self.autobatch = autobatch
+        self.dy = dy = _dynet(autobatch, self.seed)
+        self.sizes = workloads.sizes(self.workload, self.hidden, self.leaves)
+        self.shapes = workloads.param_shapes(self.workload, self.sizes)
+        self.model = dy.ParameterCollection()
+        # DyNet is column-major and multiplies column vectors, so our row-convention `x W`
+        # becomes `W^T x`: every matrix but the embedding table is stored transposed.
+        self.params = {}
+        for name, shape in self.shapes.items():
+            if name == "emb":
+                self.params[name] = self.model.add_lookup_parameters(shape, name=name)
+            else:
+                self.params[name] = self.model.add_parameters(shape[::-1], name=name)
+        self.trainer = dy.SimpleSGDTrainer(self.model, learning_rate=workloads.LEARNING_RATE)
+        # p -= lr * g exactly: DyNet clips the gradient norm to 5 by default; <= 0 disables clipping.
+        # (Weight decay is 0 unless set with dynet_config, and update() is never rescaled.)
+        self.trainer.set_clip_threshold(0)
+        self._cells = {"fixed_lstm": self._lstm, "var_lstm": self._lstm,
+                       "tree_fc": self._tree_fc, "tree_lstm": self._tree_lstm}
+        self.timings.extra.update(threads=1, autobatch=STRATEGIES[autobatch])
+        self.set_params(workloads.init_params(self.workload, self.hidden, self.seed, "float32", self.leaves))
+
+    # ------------------------------------------------------------ parameters
+
+    def set_params(self, params):
+        for name, p in self.params.items():
+            value = np.asarray(params[name], dtype=np.float32)
+            if value.shape != self.shapes[name]:
+                raise ValueError(f"parameter {name}: shape {value.shape}, expected {self.shapes[name]}")
+            if name == "emb":
+                p.init_from_array(value)
+            else:
+                p.set_value(np.ascontiguousarray(value.T))
+
+    def get_params(self):
+        return {name: (p.as_array() if name == "emb" else p.as_array().T).astype(np.float32)
+                for name, p in self.params.items()}
+
+    # ------------------------------------------------------------ batches
+
+    def prepare(self, samples):
+        """Reads each sample's input graph and orders its vertices children-first."""
+        with self.timings.timing("construct_s"):
+            if not samples:
+                raise InputError("empty batch: no samples were given")
+            batch = []
+            for i, sample in enumerate(samples):
+                g = workloads.to_graph(self.workload, sample, i)
+                validate(g, self.sizes.arity)
+                batch.append((g, np.argsort(levels(g.children), kind="stable")))
+        return batch
+
+    def step(self, batch) -> float:
+        dy = self.dy
+        flag = _state["flag"]
+        if flag.value != self.autobatch:
+            flag.value = self.autobatch
+        with self.timings.timing("construct_s"):
+            dy.renew_cg()
+            # expr(True): a trainable node (expr() alone gives a constant); emb rows are looked up below
+            p = {name: (q if name == "emb" else q.expr(True)) for name, q in self.params.items()}
+            cell = self._cells[self.workload]
+            losses = [loss for g, order in batch for loss in cell(g, order, p)]
+            if not losses:
+                raise InputError("no vertex in the batch carries a label, so there is no loss")
+            loss = dy.esum(losses)
+        with self.timings.timing("compute_s"):
+            value = loss.value()            # forward: autobatching happens here
+            if self.mode == "train":
+                loss.backward()
+                self.trainer.update()
+        self.timings.samples += len(batch)
+        self.timings.steps += 1
+        return float(value)
+
+    # ------------------------------------------------------------ vertex functions
+    # Each returns the per-vertex loss expressions of one graph. As a DyNet user would write
+    # them, a vertex skips the products with absent inputs (zeros in WORKLOADS.md): leaves
+    # compute only the x path, internal vertices only the children's path.
+
+    def _losses(self, g, hs, p):
+        dy = self.dy
+        return [dy.pickneglogsoftmax(dy.affine_transform([p["bout"], p["Wout"], hs[v]]), int(label))
+                for v, label in enumerate(g.labels) if label >= 0]
+
+    def _lstm(self, g, order, p):
+        dy, h = self.dy, self.hidden
+        hs, cs = [None] * g.num_vertices, [None] * g.num_vertices
+        for v in order:
+            tok, child = g.tokens[v], g.children[v, 0]
+            pre = [p["b"]]
+            if tok >= 0:
+                pre += [p["Wx"], p["emb"][int(tok)]]
+            if child >= 0:
+                pre += [p["Wh"], hs[child]]
+            gates = dy.affine_transform(pre)
+            ifo = dy.logistic(dy.pick_range(gates, 0, 3 * h))
+            u = dy.tanh(dy.pick_range(gates, 3 * h, 4 * h))
+            c = dy.cmult(dy.pick_range(ifo, 0, h), u)
+            if child >= 0:
+                c = dy.esum([c, dy.cmult(dy.pick_range(ifo, h, 2 * h), cs[child])])
+            hs[v], cs[v] = dy.cmult(dy.pick_range(ifo, 2 * h, 3 * h), dy.tanh(c)), c
+        return self._losses(g, hs, p)
+
+    def _children(self, g, v, hs):
+        """[h_left; h_right] with zeros for an absent child, or None on a leaf."""
+        kids = g.children[v]
+        if (kids < 0).all():
+            return None
+        return self.dy.concatenate([hs[k] if k >= 0 else self.dy.zeros(self.hidden) for k in kids])
+
+    def _tree_fc(self, g, order, p):
+        dy = self.dy
+        hs = [None] * g.num_vertices
+        for v in order:
+            kids, tok = self._children(g, v, hs), g.tokens[v]
+            pre = dy.affine_transform([p["b"], p["W"], kids]) if kids is not None else p["b"]
+            hs[v] = dy.tanh(pre + p["emb"][int(tok)] if tok >= 0 else pre)
+        return self._losses(g, hs, p)
+
+    def _tree_lstm(self, g, order, p):
+        dy, h = self.dy, self.hidden
+        hs, cs = [None] * g.num_vertices, [None] * g.num_vertices
+        for v in order:
+            kids, tok = self._children(g, v, hs), g.tokens[v]
+            pre = [p["b"]]
+            if tok >= 0:
+                pre += [p["Wx"], p["emb"][int(tok)]]
+            if kids is not None:
+                pre += [p["Uh"], kids]
+            gates = dy.affine_transform(pre)            # i, fl, fr, o, u
+            sig = dy.logistic(dy.pick_range(gates, 0, 4 * h))
+            terms = [dy.cmult(dy.pick_range(sig, 0, h), dy.tanh(dy.pick_range(gates, 4 * h, 5 * h)))]
+            terms += [dy.cmult(dy.pick_range(sig, (k + 1) * h, (k + 2) * h), cs[child])
+                      for k, child in enumerate(g.children[v]) if child >= 0]
+            c = dy.esum(terms) if len(terms) > 1 else terms[0]
+            hs[v], cs[v] = dy.cmult(dy.pick_range(sig, 3 * h, 4 * h), dy.tanh(c)), c
+        return self._losses(g, hs, p)

@@ -1,0 +1,168 @@
+"""PyTorch, one sample and one vertex at a time: the imperative reference every system is checked against.
+
+Each vertex runs the WORKLOADS.md cell on (1, h) tensors in an order where children come first;
+autograd records everything, one backward over the batch's summed loss, one plain SGD update.
+`TorchSystem` and the cell functions are shared with the other PyTorch baselines (cudnn_lstm.py,
+fold.py), so all three run the same math and the same parameter handling.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cavs import workloads
+from cavs.graphs import Graph, InputError, levels, validate
+from .base import System
+
+
+# ---------------------------------------------------------------- cells (rows = vertices, any batch)
+# A state is [h; c] (LSTMs) or h (Tree-FC), one row per vertex; absent children are zero rows.
+
+def lstm_cell(p, x, child):
+    h_prev, c_prev = child.chunk(2, dim=1)
+    i, f, o, u = (x @ p["Wx"] + h_prev @ p["Wh"] + p["b"]).chunk(4, dim=1)
+    c = torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(u)
+    return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], dim=1)
+
+
+def tree_fc_cell(p, x, left, right):
+    return torch.tanh(torch.cat([left, right], dim=1) @ p["W"] + x + p["b"])
+
+
+def tree_lstm_cell(p, x, left, right):
+    hl, cl = left.chunk(2, dim=1)
+    hr, cr = right.chunk(2, dim=1)
+    i, fr, fl, o, u = (x @ p["Wx"] + torch.cat([hl, hr], dim=1) @ p["Uh"] + p["b"]).chunk(5, dim=1)
+    c = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * cl + torch.sigmoid(fr) * cr
+    return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], dim=1)
+
+
+CELLS = {"fixed_lstm": lstm_cell, "var_lstm": lstm_cell, "tree_fc": tree_fc_cell, "tree_lstm": tree_lstm_cell}
+
+
+def state_width(workload: str, hidden: int) -> int:
+    return hidden if workload == "tree_fc" else 2 * hidden
+
+
+def summed_cross_entropy(p, h, targets):
+    """Softmax cross-entropy of h Wout + bout, summed over the rows (WORKLOADS.md's loss)."""
+    return F.cross_entropy(h @ p["Wout"] + p["bout"], targets, reduction="sum")
+
+
+def build_graphs(workload: str, samples: list, arity: int, first_index: int = 0) -> list[Graph]:
+    """Raw samples as validated input graphs; errors name the sample (file:line where known)."""
+    if not samples:
+        raise InputError("empty batch: no samples were given")
+    graphs = [workloads.to_graph(workload, s, first_index + i) for i, s in enumerate(samples)]
+    for g in graphs:
+        validate(g, arity)
+    return graphs
+
+
+# ---------------------------------------------------------------- shared system plumbing
+
+class TorchSystem(System):
+    """Parameters as torch leaf tensors named as in cavs.workloads; threads, device, dtype, SGD, timing."""
+
+    def __init__(self, workload: str, **kwargs):
+        super().__init__(workload, **kwargs)
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"{self.name}: device {self.device!r} requested but PyTorch sees no CUDA GPU")
+        torch.set_num_threads(self.threads)
+        self.torch_device = torch.device(self.device)
+        self.torch_dtype = getattr(torch, self.dtype)
+        self.sizes = workloads.sizes(workload, self.hidden, self.leaves)
+        self.timings.extra.update(threads=self.threads, device=self.device)
+        self.set_params(workloads.init_params(workload, self.hidden, self.seed, self.dtype, self.leaves))
+
+    def tensor(self, array, dtype=None) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(array), dtype=dtype or self.torch_dtype, device=self.torch_device)
+
+    def index(self, array) -> torch.Tensor:
+        return self.tensor(array, torch.int64)
+
+    def check_params(self, params: dict[str, np.ndarray]) -> None:
+        for name, shape in workloads.param_shapes(self.workload, self.sizes).items():
+            if name not in params:
+                raise ValueError(f"{self.name}: parameter {name!r} missing")
+            if tuple(np.shape(params[name])) != shape:
+                raise ValueError(f"{self.name}: parameter {name!r} has shape {np.shape(params[name])}, want {shape}")
+
+    def set_params(self, params: dict[str, np.ndarray]) -> None:
+        self.check_params(params)
+        train = self.mode == "train"
+        self.params = {k: self.tensor(v).clone().requires_grad_(train) for k, v in params.items()}
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.params.items()}
+
+    def trainable(self) -> list[torch.Tensor]:
+        """The tensors the SGD step updates (cudnn_lstm.py keeps some inside its nn.LSTM)."""
+        return list(self.params.values())
+
+    def loss(self, batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, batch) -> float:
+        with self.timings.timing("compute_s", sync=self.synchronize):
+            if self.mode == "train":
+                loss = self.loss(batch)
+                loss.backward()
+                with torch.no_grad():
+                    for p in self.trainable():
+                        p -= workloads.LEARNING_RATE * p.grad
+                        p.grad = None
+            else:
+                with torch.no_grad():
+                    loss = self.loss(batch)
+            value = loss.item()
+        self.timings.steps += 1
+        self.timings.samples += batch.num_samples
+        return value
+
+    def synchronize(self) -> None:
+        if self.torch_device.type == "cuda":
+            torch.cuda.synchronize(self.torch_device)
+
+
+# ---------------------------------------------------------------- the per-sample system
+
+@dataclass
+class SampleBatch:
+    graphs: list[Graph]
+    orders: list[list[int]]     # per graph: its vertices, children first
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.graphs)
+
+
+class PytorchSampleSystem(TorchSystem):
+    name = "pytorch"
+
+    def prepare(self, samples: list) -> SampleBatch:
+        with self.timings.timing("construct_s"):
+            graphs = build_graphs(self.workload, samples, self.sizes.arity)
+            # graphs may number vertices in any order; a stable sort by level puts children first
+            orders = [np.argsort(levels(g.children), kind="stable").tolist() for g in graphs]
+        return SampleBatch(graphs, orders)
+
+    def loss(self, batch: SampleBatch) -> torch.Tensor:
+        return sum(self.sample_loss(g, order) for g, order in zip(batch.graphs, batch.orders))
+
+    def sample_loss(self, g: Graph, order: list[int]) -> torch.Tensor:
+        p, cell = self.params, CELLS[self.workload]
+        zero_state = torch.zeros(1, state_width(self.workload, self.hidden), dtype=self.torch_dtype,
+                                 device=self.torch_device)
+        zero_x = torch.zeros(1, self.sizes.embed, dtype=self.torch_dtype, device=self.torch_device)
+        tokens, children = g.tokens.tolist(), g.children.tolist()
+        state = [None] * g.num_vertices
+        for v in order:
+            x = p["emb"][tokens[v]].unsqueeze(0) if tokens[v] >= 0 else zero_x
+            state[v] = cell(p, x, *(state[c] if c >= 0 else zero_state for c in children[v]))
+        labelled = np.flatnonzero(g.labels >= 0)
+        h = torch.cat([state[v][:, :self.hidden] for v in labelled.tolist()])
+        return summed_cross_entropy(p, h, self.index(g.labels[labelled]))

@@ -1,0 +1,33 @@
+"""The GPU backend: CuPy arrays on the current CUDA device."""
+from __future__ import annotations
+
+import cupy
+import cupyx
+import numpy as np
+
+
+class CupyBackend:
+    name = "cupy"
+    device = "cuda"
+    xp = cupy
+
+    def index(self, host: np.ndarray):
+        return cupy.asarray(np.ascontiguousarray(host, dtype=np.int64))
+
+    def asarray(self, a, dtype=None):
+        return cupy.array(a, dtype=dtype, copy=True)
+
+    def to_numpy(self, a) -> np.ndarray:
+        return cupy.asnumpy(a)
+
+    def synchronize(self):
+        cupy.cuda.get_current_stream().synchronize()
+
+    def take_rows(self, src, idx, out):
+        cupy.take(src, idx, axis=0, out=out)
+
+    def add_rows(self, dst, idx, src, unique: bool):
+        if unique:
+            dst[idx] += src
+        else:
+            cupyx.scatter_add(dst, idx, src)

@@ -1,0 +1,121 @@
+"""The workloads' data sets, read from the project's own copy in data/ (never the network).
+
+Raw samples, shared by the engine and every baseline:
+  tree_lstm   an SST line (a `SourceLine`: a str that knows its file and line)
+  var_lstm    a PTB sentence as token ids, `<eos>` appended (input = ids[:-1], target = ids[1:])
+  fixed_lstm  65 consecutive token ids of the PTB stream (64 inputs, the next 64 as targets)
+  tree_fc     (leaf token ids, root label) of a synthetic complete binary tree
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .graphs import InputError, SourceLine
+
+DATA_DIR = Path(os.environ.get("CAVS_DATA", Path(__file__).resolve().parent.parent / "data"))
+FIXED_T = 64
+TREE_FC_VOCAB = 1000
+TREE_FC_CLASSES = 5
+TREE_FC_EPOCH = 8192
+
+
+def _open_text(path: Path):
+    if path.exists():
+        return open(path, encoding="utf-8")
+    gz = path.with_name(path.name + ".gz")
+    if gz.exists():
+        return gzip.open(gz, "rt", encoding="utf-8")
+    raise FileNotFoundError(f"data file {path} (or {gz.name}) not found; the project ships it in data/")
+
+
+def _lines(path: Path) -> list[SourceLine]:
+    with _open_text(path) as f:
+        return [SourceLine(line.rstrip("\n"), f"{path.name}:{i + 1}") for i, line in enumerate(f)]
+
+
+# ---------------------------------------------------------------- SST
+
+@functools.lru_cache(maxsize=None)
+def sst_lines(split: str) -> tuple[SourceLine, ...]:
+    return tuple(line for line in _lines(DATA_DIR / "sst" / f"{split}.txt") if line.strip())
+
+
+@functools.lru_cache(maxsize=None)
+def sst_vocab() -> dict[str, int]:
+    """Lower-cased words of the SST training trees, ids 1..V in sorted order; 0 is unknown."""
+    from .graphs import parse_ptb_tree
+    words = set()
+    for line in sst_lines("train"):
+        _, leaf_words = parse_ptb_tree(line, None, line.origin)
+        words.update(w.lower() for w in leaf_words)
+    return {w: i + 1 for i, w in enumerate(sorted(words))}
+
+
+# ---------------------------------------------------------------- PTB
+
+@functools.lru_cache(maxsize=None)
+def ptb_vocab() -> dict[str, int]:
+    """The 9999 word types of ptb.train.txt plus <eos>, ids in sorted order."""
+    words = {"<eos>"}
+    for line in _lines(DATA_DIR / "ptb" / "ptb.train.txt"):
+        words.update(line.split())
+    return {w: i for i, w in enumerate(sorted(words))}
+
+
+@functools.lru_cache(maxsize=None)
+def ptb_sentences(split: str) -> tuple[tuple[int, ...], ...]:
+    vocab = ptb_vocab()
+    out = []
+    for line in _lines(DATA_DIR / "ptb" / f"ptb.{split}.txt"):
+        words = line.split()
+        if not words:
+            continue
+        unknown = [w for w in words if w not in vocab]
+        if unknown:
+            raise InputError(f"{line.origin}: word {unknown[0]!r} is not in the PTB vocabulary")
+        out.append(tuple(vocab[w] for w in words) + (vocab["<eos>"],))
+    return tuple(out)
+
+
+def ptb_fixed_chunks(split: str) -> list[tuple[int, ...]]:
+    """The token stream cut into samples of T+1 tokens (T inputs, targets shifted by one)."""
+    stream = np.fromiter((t for s in ptb_sentences(split) for t in s), dtype=np.int64)
+    count = (len(stream) - 1) // FIXED_T
+    return [tuple(stream[i * FIXED_T: i * FIXED_T + FIXED_T + 1].tolist()) for i in range(count)]
+
+
+# ---------------------------------------------------------------- synthetic trees
+
+def tree_fc_samples(count: int = TREE_FC_EPOCH, leaves: int = 256, seed: int = 0):
+    """Complete binary trees: leaf tokens uniform in [0, 1000), root label uniform in [0, 5)."""
+    rng = np.random.default_rng(seed)
+    toks = rng.integers(0, TREE_FC_VOCAB, size=(count, leaves))
+    labels = rng.integers(0, TREE_FC_CLASSES, size=count)
+    return [(tuple(toks[i].tolist()), int(labels[i])) for i in range(count)]
+
+
+def load_samples(workload: str, split: str = "train", limit: int | None = None, leaves: int = 256,
+                 seed: int = 0) -> list:
+    """The workload's raw samples in file order (tree_fc: generated with `seed`)."""
+    if workload == "tree_lstm":
+        samples = list(sst_lines(split))
+    elif workload == "var_lstm":
+        samples = [s for s in ptb_sentences(split) if len(s) >= 2]
+    elif workload == "fixed_lstm":
+        samples = ptb_fixed_chunks(split)
+    elif workload == "tree_fc":
+        samples = tree_fc_samples(limit or TREE_FC_EPOCH, leaves, seed)
+    else:
+        raise ValueError(f"unknown workload {workload!r}")
+    return samples[:limit] if limit is not None else samples
+
+
+def shuffled(samples: list, seed: int = 0) -> list:
+    """The data set shuffled once with a seed (WORKLOADS.md: batches are consecutive samples of it)."""
+    order = np.random.default_rng(seed).permutation(len(samples))
+    return [samples[i] for i in order]

@@ -1,0 +1,361 @@
+"""Runs F and dF over the tasks of a schedule; lazy batching and ahead-of-time eager batching.
+
+Every op of F (and of dF) is placed in one of three phases, from the dataflow alone:
+
+  eager  does not depend on any gather (F) / on the state gradient (dF): e.g. the embedding
+         input's `x Wx`. With eager=True it runs once over all rows before the task loop.
+  loop   on the path gather -> scatter (F) / state gradient -> child gradient (dF): the
+         critical path, run task by task (forward in task order, backward in reverse).
+  lazy   off the critical path: e.g. push, the parameter-gradient matmuls and bias sums, the
+         gradient of eager ops. With lazy=True it runs once over all rows after the loop:
+         one large matmul per parameter gradient instead of one per task.
+
+With a switch off, its ops run per task inside the loop, as a plain frontier loop would.
+Because every dynamic tensor holds all rows in task order, an op over "all rows" and the same
+op over each task's rows compute the same numbers (only summation order of reductions differs).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import MutableMapping
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from .backend import get_backend
+from .grad import GradientFunction
+from .loss import softmax_cross_entropy
+from .memory import Counters, DynamicTensor, LossPlan, MessagePlans, PullPlan
+from .ops import OPS, Node
+from .scheduler import POLICIES, schedule
+from .workloads import LEARNING_RATE
+
+PHASES = ("eager", "loop", "lazy")
+# ops that need no work at run time: their dynamic tensor is a view of another buffer
+_VIEWS = {"param", "slice", "pull", "scatter", "push", "gather_grad_state", "pull_grad_output",
+          "push_grad_input"}
+
+
+def _closure(nodes, roots, forward: bool):
+    """Nodes reachable from `roots` along inputs (forward=False) or consumers (forward=True)."""
+    marked = set(roots)
+    seq = nodes if forward else reversed(nodes)
+    for n in seq:
+        if forward and any(i in marked for i in n.inputs):
+            marked.add(n)
+        if not forward and n in marked:
+            marked.update(n.inputs)
+    return marked
+
+
+def phases(nodes: list[Node], sources: set, sinks: set) -> dict[Node, str]:
+    """eager/loop/lazy for every op that does work: see the module docstring."""
+    downstream = _closure(nodes, sources, forward=True)   # depends on the loop-carried input
+    upstream = _closure(nodes, sinks, forward=False)      # feeds the loop-carried output
+    out = {}
+    for n in nodes:
+        if n.op in _VIEWS:
+            continue
+        if n.op in ("gather", "scatter_grad_child"):
+            out[n] = "loop"
+        elif n in upstream:
+            out[n] = "loop" if n in downstream else "eager"
+        else:
+            out[n] = "lazy"
+    return out
+
+
+class ParamView(MutableMapping):
+    """engine.params: {name: numpy array}; assigning an array sets the weights."""
+
+    def __init__(self, engine):
+        self._e = engine
+
+    def __getitem__(self, name):
+        return self._e.backend.to_numpy(self._e._params[name])
+
+    def __setitem__(self, name, value):
+        old = self._e._params[name]
+        value = np.asarray(value)
+        if value.shape != tuple(old.shape):
+            raise ValueError(f"parameter {name} has shape {tuple(old.shape)}, got {value.shape}")
+        self._e._params[name] = self._e.backend.asarray(value, dtype=old.dtype)
+
+    def __delitem__(self, name):
+        raise TypeError("parameters cannot be removed")
+
+    def __iter__(self):
+        return iter(self._e._params)
+
+    def __len__(self):
+        return len(self._e._params)
+
+
+class Timings:
+    def __init__(self):
+        self.construct_s = self.compute_s = self.memory_s = 0.0
+
+
+class Engine:
+    """Batched training and inference of one model's vertex function over input graphs."""
+
+    def __init__(self, model, backend: str | None = None, policy: str = "batched", *,
+                 lazy: bool = True, eager: bool = True, fusion: bool = False,
+                 streaming: bool = False, threads: int | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+        self.model, self.policy = model, policy
+        self.options = {"lazy": lazy, "eager": eager, "fusion": fusion, "streaming": streaming}
+        self.backend = get_backend(backend)
+        self.xp = self.backend.xp
+        self._threads = threadpool_limits(threads) if threads else None
+        self.dtype = np.dtype(model.dtype)
+        self._params = {k: self.backend.asarray(v, dtype=self.dtype) for k, v in model.init_params().items()}
+        self.params = ParamView(self)
+        # gradient accumulators, zeroed in place per batch (reduce steps hold references to them)
+        self._grads = {k: self.xp.zeros_like(v) for k, v in self._params.items() if k != "emb"}
+        self.counters = Counters()
+        self.timings = Timings()
+        self._compile(model.F, model.dF)
+
+    # ------------------------------------------------------------ compile: storage and phases
+
+    def _compile(self, F, dF: GradientFunction):
+        nodes = F.nodes + dF.nodes
+        self._slot = {n: i for i, n in enumerate(nodes)}
+        self._tensors: dict[Node, DynamicTensor] = {}
+        for n in nodes:
+            if n.is_vertex and n.op not in ("slice",):
+                self._tensors[n] = DynamicTensor(self.backend, n.shape[0], self.dtype)
+        self._state = F.scatter.inputs[0]
+        self._pushed = F.push.inputs[0] if F.push is not None else None
+        self._pull = next((n for n in F.nodes if n.op == "pull"), None)
+        self._dstate = next(n for n in dF.nodes if n.op == "gather_grad_state")
+        self._dpush = next((n for n in dF.nodes if n.op == "pull_grad_output"), None)
+        self._dpull = next((n.inputs[0] for n in dF.nodes if n.op == "push_grad_input"), None)
+        self._pulls = [n for n in F.nodes if n.op == "pull"]
+        self._reduce = [n for n in dF.nodes if OPS[n.op].kind == "reduce"]
+
+        self._arrays: list = [None] * len(nodes)
+        self._rows_bound = -1
+        fwd = phases(F.nodes, {n for n in F.nodes if n.op == "gather"}, {F.scatter})
+        bwd = phases(dF.nodes, {self._dstate}, {n for n in dF.nodes if n.op == "scatter_grad_child"})
+        self.phase_of = {**fwd, **bwd}
+        self.forward_steps = self._steps(F.nodes, fwd)
+        self.backward_steps = self._steps(dF.nodes, bwd)
+
+    def _steps(self, nodes, phase_of) -> dict[str, list]:
+        """Per phase, the ops in topological order; switched-off phases fold into the loop."""
+        where = {"eager": "eager" if self.options["eager"] else "loop", "loop": "loop",
+                 "lazy": "lazy" if self.options["lazy"] else "loop"}
+        groups = {p: [n for n in nodes if n in phase_of and where[phase_of[n]] == p] for p in PHASES}
+        if self.options["fusion"]:
+            from .fusion import fuse
+            return {p: fuse(ops, self) for p, ops in groups.items()}
+        return {p: [self._step(n) for n in ops] for p, ops in groups.items()}
+
+    def _step(self, n: Node):
+        """A closure running node n on rows [a, b) of task t."""
+        xp, A, kernels = self.xp, self._arrays, self.counters.kernels
+        o, op = self._slot[n], n.op
+        if op == "gather":
+            return self._gather_step(n)
+        if op == "scatter_grad_child":
+            return self._scatter_grad_step(n)
+        run = OPS[op].run
+        ins = [(self._slot[i], i.is_param) for i in n.inputs]
+        if OPS[op].kind == "reduce":
+            grad = self._grads[n.attrs["param"]]
+
+            def reduce_step(a, b, t):
+                run(xp, grad, *[A[s] if p else A[s][a:b] for s, p in ins])
+                kernels[op] += 1
+            return reduce_step
+
+        def step(a, b, t):
+            run(xp, A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
+            kernels[op] += 1
+        return step
+
+    def _gather_step(self, n: Node):
+        A, k, be, counters = self._arrays, n.attrs["k"], self.backend, self.counters
+        o, state, row_bytes = self._slot[n], self._slot[self._state], n.shape[0] * self.dtype.itemsize
+
+        def gather(a, b, t):
+            t0 = time.perf_counter()
+            plan = self._plans.plans[t][k]
+            out = A[o][a:b]
+            if plan.mode == "all":
+                be.take_rows(A[state], plan.child_rows, out)
+                moved = b - a
+            elif plan.mode == "none":
+                out.fill(0)
+                moved = 0
+            else:
+                out.fill(0)
+                out[plan.positions] = A[state][plan.child_rows]
+                moved = len(plan.child_rows)
+            counters.kernels["gather"] += 1
+            counters.bytes_moved["gather"] += moved * row_bytes
+            self.timings.memory_s += time.perf_counter() - t0
+        return gather
+
+    def _scatter_grad_step(self, n: Node):
+        A, k, be, counters = self._arrays, n.attrs["k"], self.backend, self.counters
+        dy, dstate, row_bytes = self._slot[n.inputs[0]], self._slot[self._dstate], n.shape[0] * self.dtype.itemsize
+
+        def scatter_grad(a, b, t):
+            plan = self._plans.plans[t][k]
+            if plan.mode == "none":
+                return
+            t0 = time.perf_counter()
+            g = A[dy][a:b]
+            if plan.mode == "some":
+                g = g[plan.positions]
+            be.add_rows(A[dstate], plan.child_rows, g, plan.unique)
+            counters.kernels["scatter"] += 1
+            counters.bytes_moved["scatter"] += len(g) * row_bytes
+            self.timings.memory_s += time.perf_counter() - t0
+        return scatter_grad
+
+    # ------------------------------------------------------------ per batch: memory binding
+
+    def _prepare(self, batch):
+        t0 = time.perf_counter()
+        self._sched = batch.schedule(self.policy)
+        self._plans = batch.cached(("plans", self.policy, self.backend.name),
+                                   lambda: MessagePlans(self._sched, self.backend))
+        self._pull_plan = batch.cached(("pull", self.policy, self.backend.name),
+                                       lambda: PullPlan(self._sched, self.backend))
+        self._loss_plan = batch.cached(("loss", self.policy, self.backend.name),
+                                       lambda: LossPlan(self._sched, self.backend))
+        self.timings.construct_s += time.perf_counter() - t0
+        self._bind(self._sched.num_rows)
+
+    def _bind(self, rows: int):
+        """Reserves every dynamic tensor for `rows` rows and rebuilds the views when one moved."""
+        moved = [t.reserve(rows) for t in self._tensors.values()]
+        if any(moved) or self._rows_bound < 0:
+            A = self._arrays
+            for n, i in self._slot.items():
+                if n.is_param:
+                    A[i] = self._params[n.attrs["name"]]
+                elif n in self._tensors:
+                    A[i] = self._tensors[n].buffer
+            for n, i in self._slot.items():   # views: slices of their input's columns
+                if n.op == "slice":
+                    A[i] = A[self._slot[n.inputs[0]]][:, n.attrs["start"]:n.attrs["stop"]]
+            self._rows_bound = rows
+        for n, i in self._slot.items():        # parameters may have been reassigned
+            if n.is_param:
+                self._arrays[i] = self._params[n.attrs["name"]]
+
+    def _run(self, steps, reverse=False):
+        for fn in steps["eager"]:
+            fn(0, self._sched.num_rows, -1)
+        loop = steps["loop"]
+        tasks = self._sched.tasks()
+        order = range(len(tasks) - 1, -1, -1) if reverse else range(len(tasks))
+        for t in order:
+            a, b = tasks[t]
+            for fn in loop:
+                fn(a, b, t)
+        for fn in steps["lazy"]:
+            fn(0, self._sched.num_rows, -1)
+
+    # ------------------------------------------------------------ forward, loss, backward
+
+    def _forward(self, want_grad: bool):
+        xp, A, n_rows = self.xp, self._arrays, self._sched.num_rows
+        t0 = time.perf_counter()
+        for p in self._pulls:                # F's entry: the embedding lookup fills the pull buffer
+            buf, plan = A[self._slot[p]][:n_rows], self._pull_plan
+            if plan.all_rows:
+                self.backend.take_rows(self._params["emb"], plan.tokens, buf)
+            else:
+                buf.fill(0)
+                buf[plan.rows] = self._params["emb"][plan.tokens]
+            self.counters.kernels["pull"] += 1
+            self.counters.bytes_moved["pull"] += plan.num_rows * buf.shape[1] * self.dtype.itemsize
+        self.timings.memory_s += time.perf_counter() - t0
+        self._run(self.forward_steps)
+        return self._loss(want_grad)
+
+    def _loss(self, want_grad: bool):
+        A, plan = self._arrays, self._loss_plan
+        t0 = time.perf_counter()
+        pushed = A[self._slot[self._pushed]][:self._sched.num_rows]
+        h = pushed if plan.all_rows else pushed[plan.rows]     # F's exit: read the pushed rows
+        self.counters.bytes_moved["push"] += 0 if plan.all_rows else h.nbytes
+        self.timings.memory_s += time.perf_counter() - t0
+        loss, dh, dw, db = softmax_cross_entropy(self.xp, h, self._params["Wout"], self._params["bout"],
+                                                 plan.labels, want_grad)
+        self.counters.kernels["loss"] += 1
+        if want_grad:
+            self._grads["Wout"] += dw
+            self._grads["bout"] += db
+            dpush = A[self._slot[self._dpush]][:self._sched.num_rows]
+            if plan.all_rows:
+                dpush[...] = dh
+            else:
+                dpush.fill(0)
+                dpush[plan.rows] = dh
+        return loss
+
+    def _backward(self):
+        A, n_rows = self._arrays, self._sched.num_rows
+        A[self._slot[self._dstate]][:n_rows].fill(0)
+        self._run(self.backward_steps, reverse=True)
+        if self._dpull is not None:          # F's exit in reverse: d(pull) to the embedding rows
+            t0 = time.perf_counter()
+            plan = self._pull_plan
+            d = A[self._slot[self._dpull]][:n_rows]
+            self._emb_grad = (plan.tokens, d if plan.all_rows else d[plan.rows])
+            self.counters.bytes_moved["push"] += self._emb_grad[1].nbytes
+            self.timings.memory_s += time.perf_counter() - t0
+
+    # ------------------------------------------------------------ public API
+
+    def loss_and_grads(self, batch):
+        """(loss, {parameter name: gradient as a numpy array}) for one batch."""
+        loss = self._train_pass(batch)
+        grads = {n: np.array(self.backend.to_numpy(g)) for n, g in self._grads.items()}
+        emb = self.xp.zeros_like(self._params["emb"])
+        tokens, rows = self._emb_grad
+        self.backend.add_rows(emb, tokens, rows, unique=False)
+        grads["emb"] = self.backend.to_numpy(emb)
+        return loss, grads
+
+    def step(self, batch, lr: float = LEARNING_RATE) -> float:
+        """One SGD step on the summed loss of the batch; returns the loss before the update."""
+        loss = self._train_pass(batch)
+        t0 = time.perf_counter()
+        for name, g in self._grads.items():
+            p = self._params[name]
+            p -= lr * g
+        tokens, rows = self._emb_grad
+        self.backend.add_rows(self._params["emb"], tokens, -lr * rows, unique=False)
+        self.timings.compute_s += time.perf_counter() - t0
+        return loss
+
+    def infer(self, batch) -> float:
+        """Forward and loss only."""
+        self._prepare(batch)
+        self.counters.reset()
+        t0 = time.perf_counter()
+        loss = self._forward(want_grad=False)
+        self.backend.synchronize()
+        self.timings.compute_s += time.perf_counter() - t0
+        return loss
+
+    def _train_pass(self, batch) -> float:
+        self._prepare(batch)
+        self.counters.reset()
+        t0 = time.perf_counter()
+        for g in self._grads.values():
+            g.fill(0)
+        loss = self._forward(want_grad=True)
+        self._backward()
+        self.backend.synchronize()
+        self.timings.compute_s += time.perf_counter() - t0
+        return loss

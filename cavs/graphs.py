@@ -1,0 +1,274 @@
+"""Input graphs as data: each sample's structure is a few index arrays, never a computation graph.
+
+A `Graph` is one sample: `children[v, k]` is the k-th child of vertex v (-1 where absent),
+`tokens[v]` the external input of v (-1: none, `pull()` gives zeros), `labels[v]` the loss
+target at v (-1: no loss there). Vertices may be numbered in any order; a vertex may have
+several parents (a DAG). `Forest` concatenates the graphs of a batch with global indices.
+
+Readers: PTB-bracketed trees (SST), parent arrays, chains, complete binary trees.
+Every reader and `validate` raise `InputError` naming the sample (file and line where known)
+and the vertex at fault.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class InputError(ValueError):
+    """Bad input data: the message names the file/line or sample and the vertex at fault."""
+
+
+class SourceLine(str):
+    """A raw text sample that remembers where it came from (for error messages)."""
+
+    origin: str
+
+    def __new__(cls, text: str, origin: str):
+        obj = super().__new__(cls, text)
+        obj.origin = origin
+        return obj
+
+
+def origin_of(sample, index: int) -> str:
+    return getattr(sample, "origin", None) or f"sample {index}"
+
+
+@dataclass
+class Graph:
+    children: np.ndarray  # (n, arity) int64, -1 = no child in that slot
+    tokens: np.ndarray    # (n,) int64, -1 = no external input
+    labels: np.ndarray    # (n,) int64, -1 = no loss at this vertex
+    name: str = "sample"
+
+    @property
+    def num_vertices(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def arity(self) -> int:
+        return self.children.shape[1]
+
+
+def validate(g: Graph, arity: int | None = None) -> None:
+    """Checks ranges, arity and acyclicity; raises InputError naming sample and vertex."""
+    n = g.num_vertices
+    if n == 0:
+        raise InputError(f"{g.name}: empty graph (no vertices)")
+    if g.children.ndim != 2 or g.children.shape[0] != n or len(g.labels) != n:
+        raise InputError(f"{g.name}: children/tokens/labels disagree on the number of vertices")
+    if arity is not None and g.arity > arity:
+        used = (g.children[:, arity:] >= 0).any(axis=1)
+        if used.any():
+            v = int(np.flatnonzero(used)[0])
+            raise InputError(f"{g.name}: vertex {v} has {int((g.children[v] >= 0).sum())} children, "
+                             f"more than the vertex function's arity {arity}")
+    bad = (g.children < -1) | (g.children >= n)
+    if bad.any():
+        v, k = (int(x) for x in np.argwhere(bad)[0])
+        raise InputError(f"{g.name}: vertex {v} child {k} is {int(g.children[v, k])}, "
+                         f"out of range for a graph of {n} vertices")
+    if (g.children == np.arange(n)[:, None]).any():
+        v = int(np.argwhere(g.children == np.arange(n)[:, None])[0][0])
+        raise InputError(f"{g.name}: vertex {v} is its own child (a cycle)")
+    unplaced = np.flatnonzero(levels(g.children) < 0)
+    if len(unplaced):
+        raise InputError(f"{g.name}: the graph has a cycle; vertex {int(unplaced[0])} is on it or above it")
+
+
+def levels(children: np.ndarray) -> np.ndarray:
+    """Longest path from a leaf to each vertex (leaves 0); -1 for vertices on or above a cycle.
+
+    Vectorized Kahn's algorithm: one NumPy pass per level, so cost is O(depth * edges).
+    """
+    n = children.shape[0]
+    level = np.full(n, -1, dtype=np.int64)
+    has_child = children >= 0
+    safe = np.where(has_child, children, 0)
+    level[~has_child.any(axis=1)] = 0
+    while True:
+        child_level = np.where(has_child, level[safe], 0)
+        new = (level < 0) & np.where(has_child, child_level >= 0, True).all(axis=1)
+        if not new.any():
+            return level
+        level[new] = child_level[new].max(axis=1) + 1
+
+
+# ---------------------------------------------------------------- readers
+
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+def parse_ptb_tree(line: str, vocab: dict[str, int] | None, name: str = "tree",
+                   lowercase: bool = True, unknown: int = 0) -> tuple[Graph, list[str]]:
+    """Parses a PTB-bracketed binary tree, e.g. `(3 (2 The) (4 (2 is) (4 good)))`.
+
+    Vertices are numbered in post-order (children before parents, root last). Every node's
+    label becomes its loss target; a leaf's word becomes its token (vocab id, `unknown`
+    when absent; -1 when vocab is None). Returns the graph and the leaf words.
+    """
+    parts = _TOKEN.findall(line)
+    if not parts:
+        raise InputError(f"{name}: empty line, expected a bracketed tree")
+    children: list[list[int]] = []
+    tokens: list[int] = []
+    labels: list[int] = []
+    words: list[str] = []
+    stack: list[list] = []  # each entry: [label, child ids, word]
+    pos = 0
+    root = None
+    while pos < len(parts):
+        tok = parts[pos]
+        if tok == "(":
+            if root is not None:
+                raise InputError(f"{name}: text after the root's closing bracket (token {pos + 1})")
+            if pos + 1 >= len(parts) or parts[pos + 1] in "()":
+                raise InputError(f"{name}: '(' at token {pos + 1} is not followed by a label")
+            try:
+                label = int(parts[pos + 1])
+            except ValueError:
+                raise InputError(f"{name}: label {parts[pos + 1]!r} at token {pos + 2} is not an integer") from None
+            stack.append([label, [], None])
+            pos += 2
+        elif tok == ")":
+            if not stack:
+                raise InputError(f"{name}: unbalanced brackets: unexpected ')' at token {pos + 1}")
+            label, kids, word = stack.pop()
+            if word is None and not kids:
+                raise InputError(f"{name}: node ending at token {pos + 1} has neither word nor children")
+            if len(kids) > 2:
+                raise InputError(f"{name}: node ending at token {pos + 1} has {len(kids)} children; "
+                                 "binary trees have at most 2")
+            v = len(labels)
+            children.append(kids + [-1] * (2 - len(kids)))
+            labels.append(label)
+            if word is not None:
+                words.append(word)
+                w = word.lower() if lowercase else word
+                tokens.append(-1 if vocab is None else vocab.get(w, unknown))
+            else:
+                tokens.append(-1)
+            if stack:
+                stack[-1][1].append(v)
+            else:
+                root = v
+            pos += 1
+        else:
+            if not stack:
+                raise InputError(f"{name}: word {tok!r} outside any bracket (token {pos + 1})")
+            top = stack[-1]
+            if top[1]:
+                raise InputError(f"{name}: node with word {tok!r} at token {pos + 1} mixes words and subtrees")
+            top[2] = tok if top[2] is None else f"{top[2]} {tok}"   # SST has words like "8 1\/2"
+            pos += 1
+    if stack:
+        raise InputError(f"{name}: unbalanced brackets: {len(stack)} '(' never closed")
+    g = Graph(np.asarray(children, dtype=np.int64).reshape(-1, 2),
+              np.asarray(tokens, dtype=np.int64), np.asarray(labels, dtype=np.int64), name)
+    return g, words
+
+
+def from_parent_array(parents, tokens=None, labels=None, arity: int | None = None,
+                      name: str = "sample") -> Graph:
+    """A tree from `parents[v]` (-1 for the root); children keep increasing vertex order."""
+    parents = np.asarray(parents, dtype=np.int64)
+    n = len(parents)
+    if n == 0:
+        raise InputError(f"{name}: empty parent array")
+    bad = (parents < -1) | (parents >= n)
+    if bad.any():
+        v = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{name}: vertex {v} has parent {int(parents[v])}, out of range for {n} vertices")
+    counts = np.bincount(parents[parents >= 0], minlength=n)
+    width = int(counts.max()) if arity is None else arity
+    if counts.max() > width:
+        v = int(np.argmax(counts))
+        raise InputError(f"{name}: vertex {v} has {int(counts[v])} children, more than arity {width}")
+    children = np.full((n, max(width, 1)), -1, dtype=np.int64)
+    fill = np.zeros(n, dtype=np.int64)
+    for v in range(n):
+        p = parents[v]
+        if p >= 0:
+            children[p, fill[p]] = v
+            fill[p] += 1
+    g = Graph(children, _arr(tokens, n), _arr(labels, n), name)
+    validate(g)
+    return g
+
+
+def chain(tokens, labels=None, name: str = "chain") -> Graph:
+    """A chain of len(tokens) vertices; vertex t's only child is t-1."""
+    n = len(tokens)
+    if n == 0:
+        raise InputError(f"{name}: empty chain")
+    children = (np.arange(n, dtype=np.int64) - 1)[:, None]
+    return Graph(children, np.asarray(tokens, dtype=np.int64), _arr(labels, n), name)
+
+
+def complete_binary_tree(leaf_tokens, root_label: int = -1, name: str = "tree") -> Graph:
+    """A complete binary tree over L = len(leaf_tokens) leaves (L a power of two), 2L-1 vertices.
+
+    Leaves are vertices 0..L-1; each level's parents follow; the root is last.
+    """
+    L = len(leaf_tokens)
+    if L < 1 or L & (L - 1):
+        raise InputError(f"{name}: {L} leaves; a complete binary tree needs a power of two")
+    n = 2 * L - 1
+    children = np.full((n, 2), -1, dtype=np.int64)
+    start, width, nxt = 0, L, L
+    while width > 1:
+        parents = np.arange(nxt, nxt + width // 2)
+        children[parents, 0] = np.arange(start, start + width, 2)
+        children[parents, 1] = np.arange(start + 1, start + width, 2)
+        start, nxt, width = nxt, nxt + width // 2, width // 2
+    tokens = np.full(n, -1, dtype=np.int64)
+    tokens[:L] = leaf_tokens
+    labels = np.full(n, -1, dtype=np.int64)
+    labels[-1] = root_label
+    return Graph(children, tokens, labels, name)
+
+
+def _arr(values, n: int) -> np.ndarray:
+    return np.full(n, -1, dtype=np.int64) if values is None else np.asarray(values, dtype=np.int64)
+
+
+# ---------------------------------------------------------------- a batch of graphs
+
+@dataclass
+class Forest:
+    """The graphs of one batch, concatenated: global vertex ids, sample of each vertex."""
+    children: np.ndarray   # (N, arity) global ids, -1 absent
+    tokens: np.ndarray     # (N,)
+    labels: np.ndarray     # (N,)
+    sample: np.ndarray     # (N,) index of the sample each vertex belongs to
+    offsets: np.ndarray    # (num_samples + 1,) first global id of each sample
+    names: list[str]
+
+    @property
+    def num_vertices(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.names)
+
+
+def make_forest(graphs: list[Graph], arity: int) -> Forest:
+    """Validates every graph against the vertex function's arity and concatenates them."""
+    if not graphs:
+        raise InputError("empty batch: no samples were given")
+    for g in graphs:
+        validate(g, arity)
+    sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    children = np.full((offsets[-1], arity), -1, dtype=np.int64)
+    for i, g in enumerate(graphs):
+        c = g.children[:, :arity]
+        children[offsets[i]:offsets[i + 1], :c.shape[1]] = np.where(c >= 0, c + offsets[i], -1)
+    return Forest(children,
+                  np.concatenate([g.tokens for g in graphs]),
+                  np.concatenate([g.labels for g in graphs]),
+                  np.repeat(np.arange(len(graphs)), sizes),
+                  offsets, [g.name for g in graphs])

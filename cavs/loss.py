@@ -1,0 +1,20 @@
+"""The loss outside F: softmax cross-entropy of `h Wout + bout` on the pushed outputs of the
+labelled vertices, summed over the batch (WORKLOADS.md), and its gradient, in one batched call."""
+from __future__ import annotations
+
+
+def softmax_cross_entropy(xp, h, w, b, labels, want_grad: bool):
+    """Returns (loss, dh, dW, db); the gradients are None when want_grad is False."""
+    logits = h @ w
+    logits += b
+    logits -= logits.max(axis=1, keepdims=True)
+    rows = xp.arange(len(labels))
+    picked = logits[rows, labels]
+    xp.exp(logits, out=logits)
+    total = logits.sum(axis=1)
+    loss = float((xp.log(total) - picked).sum())
+    if not want_grad:
+        return loss, None, None, None
+    logits /= total[:, None]               # softmax probabilities
+    logits[rows, labels] -= 1.0            # d loss / d logits
+    return loss, logits @ w.T, h.T @ logits, logits.sum(axis=0)

@@ -1,0 +1,108 @@
+"""Dynamic tensors, the message buffers and the per-task plans of the four message ops.
+
+A dynamic tensor holds one symbol of F for every vertex of the batch: shape (rows, width),
+where `width` is the symbol's shape without the batch dimension and the batch size is a
+placeholder filled per task. Its memory is one contiguous, growable buffer; task t writes
+rows [offset_t, offset_t + size_t): the offset advances task by task in forward and walks back
+in backward. Because rows are in task order (scheduler.py), the state that a vertex scatters
+is simply its rows of the scattered symbol's tensor, and `pull`/`push` are views of the
+external buffers: memory is moved only by gather (children's states into a task's rows),
+the gradient scatter (its dual), the embedding lookup that fills the pull buffer at F's entry,
+and the loss reading pushed rows at F's exit. `Counters` records those bytes and every kernel.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .scheduler import Schedule
+
+
+class DynamicTensor:
+    """(rows, width) storage for one symbol; grows geometrically and is reused across batches."""
+
+    def __init__(self, backend, width: int, dtype):
+        self.backend, self.width, self.dtype = backend, width, dtype
+        self.buffer = backend.xp.empty((0, width), dtype=dtype)
+
+    def reserve(self, rows: int) -> bool:
+        """Makes room for `rows`; returns True when the buffer moved (views must be rebuilt)."""
+        if rows <= self.buffer.shape[0]:
+            return False
+        self.buffer = self.backend.xp.empty((max(rows, int(self.buffer.shape[0] * 1.5)), self.width),
+                                            dtype=self.dtype)
+        return True
+
+
+@dataclass
+class Counters:
+    """What a batch cost in launches and moved bytes; tests and benchmarks read these."""
+    kernels: Counter = field(default_factory=Counter)     # op (or fused group) -> launches
+    bytes_moved: Counter = field(default_factory=Counter)  # gather/scatter/pull/push -> bytes
+
+    @property
+    def total_kernels(self) -> int:
+        return sum(self.kernels.values())
+
+    def reset(self):
+        self.kernels.clear()
+        self.bytes_moved.clear()
+
+
+@dataclass
+class GatherPlan:
+    """Where task rows' child k lives: all present, none present, or some (positions given)."""
+    mode: str                     # "all" | "none" | "some"
+    child_rows: object = None     # backend index array of the present children's rows
+    positions: object = None      # "some": positions within the task that have child k
+    unique: bool = True           # children distinct (False in DAGs where two parents share a child)
+
+
+class MessagePlans:
+    """Per task and child slot k: the index arrays gather and its gradient scatter use."""
+
+    def __init__(self, sched: Schedule, backend):
+        self.plans: list[list[GatherPlan]] = []
+        for a, b in sched.tasks():
+            per_k = []
+            for k in range(sched.child_rows.shape[1]):
+                idx = sched.child_rows[a:b, k]
+                present = idx >= 0
+                if present.all():
+                    per_k.append(GatherPlan("all", backend.index(idx), None, _unique(idx)))
+                elif not present.any():
+                    per_k.append(GatherPlan("none"))
+                else:
+                    kept = idx[present]
+                    per_k.append(GatherPlan("some", backend.index(kept),
+                                            backend.index(np.flatnonzero(present)), _unique(kept)))
+            self.plans.append(per_k)
+
+
+def _unique(idx: np.ndarray) -> bool:
+    return len(np.unique(idx)) == len(idx)
+
+
+class PullPlan:
+    """Rows that carry an external input, and their token ids (the embedding lookup)."""
+
+    def __init__(self, sched: Schedule, backend):
+        rows = np.flatnonzero(sched.tokens >= 0)
+        self.num_rows = len(rows)
+        self.all_rows = len(rows) == sched.num_rows
+        self.rows = backend.index(rows)
+        self.tokens = backend.index(sched.tokens[rows])
+        self.tokens_host = sched.tokens[rows]
+
+
+class LossPlan:
+    """Rows that carry a label (the loss reads their pushed outputs)."""
+
+    def __init__(self, sched: Schedule, backend):
+        rows = np.flatnonzero(sched.labels >= 0)
+        self.all_rows = len(rows) == sched.num_rows
+        self.rows = backend.index(rows)
+        self.labels = backend.index(sched.labels[rows])
+        self.count = len(rows)

@@ -1,0 +1,102 @@
+"""The four workloads of WORKLOADS.md as data: sizes, parameter shapes and initial values, and how
+a raw sample becomes an input graph. The engine and every baseline use these same functions, so
+with one seed all systems start from identical weights on identical graphs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import datasets
+from .graphs import Graph, InputError, chain, complete_binary_tree, origin_of, parse_ptb_tree
+
+WORKLOADS = ("fixed_lstm", "var_lstm", "tree_fc", "tree_lstm")
+LEARNING_RATE = 0.05
+TREE_LSTM_EMBED = 300
+SST_CLASSES = 5
+
+
+@dataclass(frozen=True)
+class Sizes:
+    hidden: int
+    embed: int
+    vocab: int
+    classes: int   # width of the softmax
+    arity: int
+    leaves: int = 256
+
+
+def sizes(workload: str, hidden: int, leaves: int = 256, embed: int | None = None) -> Sizes:
+    if workload in ("fixed_lstm", "var_lstm"):
+        return Sizes(hidden, embed or hidden, len(datasets.ptb_vocab()), len(datasets.ptb_vocab()), 1)
+    if workload == "tree_fc":
+        return Sizes(hidden, hidden, datasets.TREE_FC_VOCAB, datasets.TREE_FC_CLASSES, 2, leaves)
+    if workload == "tree_lstm":
+        return Sizes(hidden, embed or TREE_LSTM_EMBED, len(datasets.sst_vocab()) + 1, SST_CLASSES, 2)
+    raise ValueError(f"unknown workload {workload!r}; choose one of {WORKLOADS}")
+
+
+def param_shapes(workload: str, s: Sizes) -> dict[str, tuple[int, ...]]:
+    """Named parameter shapes, in the order their initial values are drawn."""
+    h, e = s.hidden, s.embed
+    if workload in ("fixed_lstm", "var_lstm"):   # gates i, f, o, u
+        cell = {"Wx": (e, 4 * h), "Wh": (h, 4 * h), "b": (4 * h,)}
+    elif workload == "tree_fc":
+        cell = {"W": (2 * h, h), "b": (h,)}
+    elif workload == "tree_lstm":                # gates i, fl, fr, o, u
+        cell = {"Wx": (e, 5 * h), "Uh": (2 * h, 5 * h), "b": (5 * h,)}
+    else:
+        raise ValueError(f"unknown workload {workload!r}")
+    return {"emb": (s.vocab, e), **cell, "Wout": (h, s.classes), "bout": (s.classes,)}
+
+
+def forget_gate_columns(workload: str, h: int) -> slice | None:
+    if workload in ("fixed_lstm", "var_lstm"):
+        return slice(h, 2 * h)
+    if workload == "tree_lstm":
+        return slice(h, 3 * h)      # fl and fr
+    return None
+
+
+def init_params(workload: str, hidden: int, seed: int = 0, dtype="float32", leaves: int = 256,
+                embed: int | None = None) -> dict[str, np.ndarray]:
+    """uniform(-0.1, 0.1) matrices and embeddings, zero biases, forget-gate bias 1.0."""
+    s = sizes(workload, hidden, leaves, embed)
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in param_shapes(workload, s).items():
+        if len(shape) == 1:
+            p = np.zeros(shape)
+            if name == "b" and forget_gate_columns(workload, hidden) is not None:
+                p[forget_gate_columns(workload, hidden)] = 1.0
+        else:
+            p = rng.uniform(-0.1, 0.1, size=shape)
+        params[name] = p.astype(dtype)
+    return params
+
+
+def to_graph(workload: str, sample, index: int = 0) -> Graph:
+    """One raw sample (see datasets.py) as an input graph with tokens and per-vertex labels."""
+    name = origin_of(sample, index)
+    if workload == "tree_lstm":
+        if not isinstance(sample, str):
+            raise InputError(f"{name}: a tree_lstm sample is a PTB-bracketed tree line, got {type(sample).__name__}")
+        g, _ = parse_ptb_tree(sample, datasets.sst_vocab(), name)
+        if ((g.labels < 0) | (g.labels >= SST_CLASSES)).any():
+            v = int(np.flatnonzero((g.labels < 0) | (g.labels >= SST_CLASSES))[0])
+            raise InputError(f"{name}: vertex {v} has label {int(g.labels[v])}, outside 0..{SST_CLASSES - 1}")
+        return g
+    if workload in ("fixed_lstm", "var_lstm"):
+        ids = np.asarray(sample, dtype=np.int64)
+        if ids.ndim != 1 or len(ids) < 2:
+            raise InputError(f"{name}: a language-model sample needs at least 2 token ids, got {len(ids)}")
+        vocab = len(datasets.ptb_vocab())
+        if ((ids < 0) | (ids >= vocab)).any():
+            t = int(np.flatnonzero((ids < 0) | (ids >= vocab))[0])
+            raise InputError(f"{name}: token {t} is {int(ids[t])}, outside the vocabulary 0..{vocab - 1}")
+        return chain(ids[:-1], ids[1:], name)
+    if workload == "tree_fc":
+        leaf_tokens, label = sample
+        return complete_binary_tree(np.asarray(leaf_tokens, dtype=np.int64), int(label), name)
+    raise ValueError(f"unknown workload {workload!r}")

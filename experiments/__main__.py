@@ -1,0 +1,82 @@
+"""`python -m experiments run EXPERIMENT [...]` and `python -m experiments list`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import runner
+from .profiles import PROFILES, get_profile
+from .registry import EXPERIMENTS, get_experiment
+
+
+def _csv(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m experiments",
+                                     description="Run the Cavs paper's evaluation sweeps into long-format CSVs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the experiments, their panels and systems, and the profiles")
+    run = sub.add_parser("run", help="run (or resume) one experiment's sweep")
+    run.add_argument("experiment", choices=list(EXPERIMENTS))
+    run.add_argument("--profile", choices=list(PROFILES),
+                     help="how much each cell measures (default: paper where a GPU is present, else cpu)")
+    run.add_argument("--systems", type=_csv, help="comma-separated subset of the experiment's systems")
+    run.add_argument("--panels", type=_csv, help="comma-separated subset of the experiment's panels")
+    run.add_argument("--results", default="results", help="directory of the CSVs (default: results)")
+    run.add_argument("--threads", type=int, default=1, help="compute threads per cell (default 1)")
+    run.add_argument("--time-limit", type=float, help="seconds per cell (default: the profile's)")
+    run.add_argument("--retry-failed", action="store_true", help="rerun cells recorded as failed or timed out")
+    run.add_argument("--dry-run", action="store_true", help="print the cells and an estimated duration only")
+    return parser, parser.parse_args(argv)
+
+
+def _check_subset(parser, what: str, wanted, known):
+    bad = [w for w in wanted or () if w not in known]
+    if bad:
+        parser.error(f"unknown {what} {', '.join(bad)}; this experiment has: {', '.join(known)}")
+
+
+def cmd_list():
+    for exp in EXPERIMENTS.values():
+        print(f"{exp.name}: {exp.title}")
+        for p in exp.panels:
+            print(f"  {p.id:<10} {p.workload:<11} {p.vary}={','.join(map(str, p.values))}  "
+                  f"systems: {', '.join(p.systems)}" + (f"  variants: {len(p.variants)}" if len(p.variants) > 1 else ""))
+    print("profiles:", ", ".join(PROFILES))
+
+
+def cmd_run(parser, args):
+    exp = get_experiment(args.experiment)
+    _check_subset(parser, "system", args.systems, exp.systems)
+    _check_subset(parser, "panel", args.panels, [p.id for p in exp.panels])
+    if args.threads < 1:
+        parser.error("--threads must be at least 1")
+    profile = get_profile(args.profile or ("paper" if runner.gpu_present() else "cpu"))
+    if args.dry_run:
+        # every cell, installed or not: the estimate is for the full sweep
+        cells = runner.plan(exp, profile, systems=args.systems, panels=args.panels, threads=args.threads,
+                            check_available=False).cells
+        for panel in exp.panels:
+            mine = [c for c in cells if c["panel"] == panel.id]
+            print(f"  {panel.id:<10} {len(mine):>4} cells  ~{runner.estimate_s(mine, profile) / 60:5.1f} min")
+        print(f"{exp.name}, profile {profile.name}: {len(cells)} cells, "
+              f"estimated {runner.estimate_s(cells, profile) / 60:.1f} min (cost model of profiles.py)")
+        return 0
+    counts = runner.run(exp, profile, args.results, systems=args.systems, panels=args.panels,
+                        threads=args.threads, time_limit_s=args.time_limit, retry_failed=args.retry_failed)
+    print(f"{exp.name} ({profile.name}): " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
+    return 0
+
+
+def main(argv=None):
+    parser, args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "list":
+        cmd_list()
+        return 0
+    return cmd_run(parser, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Profiles: how much work each cell measures, on which device, under which time limit.
+
+The `cpu` profile measures a fixed slice of each epoch sized by a rough cost model (below), so that every
+cell costs about `target_s` seconds of timed work whatever its batch size, hidden size or system; the
+per-epoch time is extrapolated from it and marked so. The same model estimates a sweep's duration
+(`python -m experiments run ... --dry-run`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    device: str                  # cpu | cuda | auto (cuda where a GPU is present)
+    time_limit_s: float          # per cell, start-up included
+    timed_batches: int | None    # fixed number of timed batches; None: sized by target_s or the epoch
+    target_s: float | None       # seconds of timed work per cell (cost model); None with timed_batches=None: whole epoch
+    reduced_grid: bool           # two points per swept axis (its first and its middle value)
+    warmup_batches: int = 1
+
+
+PROFILES = {p.name: p for p in (
+    Profile("quick", "cpu", time_limit_s=120, timed_batches=1, target_s=None, reduced_grid=True),
+    Profile("cpu", "cpu", time_limit_s=90, timed_batches=None, target_s=1.5, reduced_grid=False),
+    Profile("paper", "auto", time_limit_s=6 * 3600, timed_batches=None, target_s=None, reduced_grid=False),
+    Profile("gpu-quick", "cuda", time_limit_s=300, timed_batches=2, target_s=None, reduced_grid=True),
+    Profile("ci", "cpu", time_limit_s=180, timed_batches=3, target_s=None, reduced_grid=False),
+)}
+
+# ---- cost model: seconds per training sample on one core (an estimate, only used to size slices) ----
+CORE_FLOPS = 50e9           # sustained one-core float32 rate of a whole training step (GEMMs reach 80-130)
+STARTUP_S = 3.0             # one cell's process start, imports, data loading
+PTB_VOCAB, SST_EMBED, TREE_LSTM_VERTICES, VAR_LSTM_TOKENS = 10_000, 300, 37.3, 22.1   # means over train
+# seconds of Python/framework overhead per vertex: batched systems amortize it over the batch,
+# per-sample ones (PyTorch, Cavs-serial) pay it on every vertex, forward and backward
+VERTEX_OVERHEAD_S = {"pytorch": 4e-4, "cavs-serial": 2e-4}
+BATCHED_VERTEX_OVERHEAD_S = 2e-5
+
+
+def vertices_per_sample(workload: str, leaves: int) -> float:
+    return {"fixed_lstm": 64, "var_lstm": VAR_LSTM_TOKENS, "tree_fc": 2 * leaves - 1,
+            "tree_lstm": TREE_LSTM_VERTICES}[workload]
+
+
+def flops_per_vertex(workload: str, h: int) -> float:
+    """Forward multiply-adds of one vertex (cell matmuls + per-vertex softmax), times 2 flops."""
+    macs = {"fixed_lstm": 8 * h * h + h * PTB_VOCAB, "var_lstm": 8 * h * h + h * PTB_VOCAB,
+            "tree_fc": 2 * h * h, "tree_lstm": SST_EMBED * 5 * h + 10 * h * h + 5 * h}[workload]
+    return 2 * macs
+
+
+def sample_cost_s(system: str, workload: str, hidden: int, leaves: int, mode: str) -> float:
+    passes = 3 if mode == "train" else 1          # backward costs about twice the forward
+    per_vertex = passes * (flops_per_vertex(workload, hidden) / CORE_FLOPS
+                           + VERTEX_OVERHEAD_S.get(system, BATCHED_VERTEX_OVERHEAD_S))
+    return vertices_per_sample(workload, leaves) * per_vertex
+
+
+def measured_samples(profile: Profile, cell: dict) -> int | None:
+    """Samples a cell times (whole batches); None = the whole epoch."""
+    bs = cell["batch_size"]
+    if profile.timed_batches is not None:
+        return profile.timed_batches * bs
+    if profile.target_s is None:
+        return None
+    cost = sample_cost_s(cell["system"], cell["workload"], cell["hidden"], cell["leaves"], cell["mode"])
+    wanted = min(profile.target_s / cost, 512)          # 512: enough to average batch-to-batch variety
+    return max(1, math.ceil(wanted / bs)) * bs
+
+
+def estimated_cell_s(profile: Profile, cell: dict, epoch_samples: int) -> float:
+    """The cost model's guess of a cell's wall time, warm-up and start-up included, capped by the limit."""
+    cost = sample_cost_s(cell["system"], cell["workload"], cell["hidden"], cell["leaves"], cell["mode"])
+    timed = measured_samples(profile, cell) or epoch_samples
+    work = (profile.warmup_batches * cell["batch_size"] + timed) * cost
+    return min(STARTUP_S + work, profile.time_limit_s)
+
+
+def get_profile(name: str) -> Profile:
+    if name not in PROFILES:
+        raise KeyError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
+    return PROFILES[name]

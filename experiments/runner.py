@@ -1,0 +1,175 @@
+"""Sweep runner: expands an experiment into cells, runs each in a fresh subprocess under a time limit,
+appends one CSV row per cell, and skips the cells a previous run already recorded.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from . import environment, results
+from .cell import RESULT_MARK
+from .profiles import Profile, estimated_cell_s, measured_samples
+from .registry import SYSTEM_FACTS, Experiment
+
+# the fields that identify a cell: equal keys = the same measurement (so the profile is part of it)
+KEY_FIELDS = ("experiment", "panel", "workload", "system", "variant", "mode", "batch_size", "hidden",
+              "leaves", "threads", "device", "profile")
+EPOCH_SAMPLES = {"fixed_lstm": 14_524, "var_lstm": 42_068, "tree_fc": 8_192, "tree_lstm": 8_544}  # estimates only
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+               "NUMBA_NUM_THREADS")
+
+
+@dataclass
+class Plan:
+    cells: list[dict]
+    skipped: dict[str, str] = field(default_factory=dict)      # system -> why it does not run here
+
+
+def gpu_present() -> bool:
+    try:
+        from cavs.backend import gpu_available
+    except ImportError:
+        return False
+    return bool(gpu_available())
+
+
+def resolve_device(profile: Profile) -> str:
+    if profile.device == "auto":
+        return "cuda" if gpu_present() else "cpu"
+    return profile.device
+
+
+def cell_id(cell: dict) -> str:
+    key = json.dumps({k: cell[k] for k in KEY_FIELDS}, sort_keys=True)
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def unavailable(system: str, device: str) -> str | None:
+    """Why `system` cannot run on this machine and device, or None."""
+    if ":" in system:                                  # a System class by import path (tests)
+        module = system.split(":")[0]
+        return None if importlib.util.find_spec(module) else f"module {module} not found"
+    framework, gpu_capable = SYSTEM_FACTS[system]
+    if device == "cuda" and not gpu_capable:
+        return "cannot run on a GPU"
+    if framework and importlib.util.find_spec(framework) is None:
+        return f"{framework} is not installed"
+    from baselines import _REGISTRY
+    module = _REGISTRY[system][0]
+    return None if importlib.util.find_spec(module) else f"{module} is not written yet"
+
+
+def plan(experiment: Experiment, profile: Profile, *, systems=None, panels=None, threads: int = 1,
+         check_available: bool = True) -> Plan:
+    device = resolve_device(profile)
+    out = Plan([])
+    for panel in experiment.panels:
+        if panels and panel.id not in panels:
+            continue
+        values = panel.values
+        if profile.reduced_grid and len(values) > 2:
+            values = (values[0], values[len(values) // 2])
+        for system in panel.systems:
+            if systems and system not in systems:
+                continue
+            why = check_available and (out.skipped.get(system) or unavailable(system, device))
+            if why:
+                out.skipped[system] = why
+                continue
+            for mode in panel.modes:
+                for variant, options in panel.variants:
+                    for value in values:
+                        cell = {"experiment": experiment.name, "panel": panel.id, "workload": panel.workload,
+                                "system": system, "variant": variant, "options": options, "mode": mode,
+                                "batch_size": panel.batch_size, "hidden": panel.hidden,
+                                "leaves": panel.leaves, "threads": threads, "device": device,
+                                "profile": profile.name, panel.vary: value}
+                        cell["samples"] = measured_samples(profile, cell)
+                        cell["warmup_batches"] = profile.warmup_batches
+                        cell["cell_id"] = cell_id(cell)
+                        out.cells.append(cell)
+    return out
+
+
+def estimate_s(cells: list[dict], profile: Profile) -> float:
+    return sum(estimated_cell_s(profile, c, EPOCH_SAMPLES[c["workload"]]) for c in cells)
+
+
+def cell_env(cell: dict) -> dict:
+    env = dict(os.environ, **{v: str(cell["threads"]) for v in THREAD_VARS})
+    if cell["device"] == "cuda" and cell["system"].startswith("cavs"):
+        env["CAVS_BACKEND"] = "cupy"
+    return env
+
+
+def run_cell(cell: dict, time_limit_s: float, log_dir: Path) -> dict:
+    """Runs one cell in a fresh process; returns its result fields (status = ok / failed: why / timeout)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{cell['cell_id']}.log"
+    spec = json.dumps(cell)
+    with open(log, "w") as err:
+        # its own process group: a timeout kills the cell and any worker processes it started
+        proc = subprocess.Popen([sys.executable, "-m", "experiments.cell", spec], stdout=subprocess.PIPE,
+                                stderr=err, text=True, env=cell_env(cell), start_new_session=True,
+                                cwd=Path(__file__).resolve().parent.parent)
+        try:
+            out, _ = proc.communicate(timeout=time_limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return {"status": "timeout"}
+    lines = [line for line in out.splitlines() if line.startswith(RESULT_MARK)]
+    if lines:
+        result = json.loads(lines[-1][len(RESULT_MARK):])
+    elif proc.returncode == -signal.SIGKILL:
+        result = {"status": "failed: killed by SIGKILL (out of memory?)"}
+    else:
+        tail = log.read_text().strip().splitlines()[-1:] or [""]
+        result = {"status": f"failed: exit code {proc.returncode}: {tail[0]}"[:300]}
+    if result["status"] == "ok":
+        log.unlink()                       # logs are kept for failed cells only
+    return result
+
+
+def run(experiment: Experiment, profile: Profile, results_dir, *, systems=None, panels=None, threads: int = 1,
+        time_limit_s: float | None = None, retry_failed: bool = False, progress: bool = True) -> dict:
+    """Runs every cell not yet in RESULTS/<experiment>.csv; returns counts by status."""
+    results_dir = Path(results_dir)
+    path = results.csv_path(results_dir, experiment.name)
+    if retry_failed:
+        results.drop_failed(path)
+    the_plan = plan(experiment, profile, systems=systems, panels=panels, threads=threads)
+    for system, why in the_plan.skipped.items():
+        print(f"skipped {system}: {why}", file=sys.stderr)
+    done = results.done_ids(path)
+    todo = [c for c in the_plan.cells if c["cell_id"] not in done]
+    environment.write(results_dir, threads, profile.name)
+    git_rev = environment.git_revision()
+    counts = {"skipped (already measured)": len(the_plan.cells) - len(todo)}
+    bar = tqdm(total=len(the_plan.cells), initial=len(the_plan.cells) - len(todo), unit="cell",
+               desc=experiment.name, disable=not progress, dynamic_ncols=True)
+    for cell in todo:
+        bar.set_postfix_str(f"{cell['panel']} {cell['system']} {cell['variant']} {cell['mode']} "
+                            f"bs={cell['batch_size']} h={cell['hidden']} L={cell['leaves']}")
+        result = run_cell(cell, time_limit_s or profile.time_limit_s, results_dir / "logs")
+        row = {**{k: v for k, v in cell.items() if k in results.COLUMNS}, **result,
+               "options": json.dumps(cell["options"], sort_keys=True), "git_rev": git_rev,
+               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        if result["status"] != "ok":
+            row["samples"] = cell["samples"]
+        results.append_row(path, row)
+        status = "ok" if row["status"] == "ok" else row["status"].split(":")[0]
+        counts[status] = counts.get(status, 0) + 1
+        bar.update()
+    bar.close()
+    return counts

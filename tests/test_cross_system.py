@@ -1,0 +1,45 @@
+"""Every system, from the same initial weights on the same real batch, gives the Cavs engine's loss,
+and after one SGD step the same parameters (float64: rel. error <= 1e-6; float32: <= 1e-4)."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+import cavs
+from baselines import get_system
+
+# system -> the Python module it needs (skip, with the reason, where it is not installed)
+NEEDS = {"pytorch": "torch", "cudnn": "torch", "fold": "torch", "fold-n": "torch",
+         "dynet": "dynet", "dynet-depth": "dynet", "tensorflow": "tensorflow", "cavs-serial": None}
+CASES = [(system, workload) for system in NEEDS for workload in cavs.workloads.WORKLOADS]
+HIDDEN = 6
+
+
+def _reference(workload, samples, dtype):
+    model = cavs.models.build(workload, hidden=HIDDEN, seed=1, dtype=dtype, leaves=8)
+    engine = cavs.Engine(model)
+    batch = model.make_batch(samples)
+    loss = engine.step(batch)
+    return loss, {k: np.array(v) for k, v in engine.params.items()}
+
+
+@pytest.mark.parametrize("system,workload", CASES)
+def test_same_loss_and_update_as_cavs(system, workload, small_samples):
+    module = NEEDS[system]
+    if module and importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
+    make = get_system(system)
+    if workload not in make.system_class.workloads:
+        pytest.skip(f"{system} does not implement {workload} (as in the paper)")
+    dtype = "float64" if make.system_class.supports_float64 else "float32"
+    tol = 1e-6 if dtype == "float64" else 1e-4
+    samples = small_samples[workload]
+    ref_loss, ref_params = _reference(workload, samples, dtype)
+    sut = make(workload, hidden=HIDDEN, batch_size=len(samples), dtype=dtype, seed=1, leaves=8)
+    loss = sut.step(sut.prepare(samples))
+    assert loss == pytest.approx(ref_loss, rel=tol), f"{system} loss {loss} vs cavs {ref_loss}"
+    after = sut.get_params()
+    for name, want in ref_params.items():
+        got = np.asarray(after[name], dtype=np.float64)
+        scale = max(1.0, float(np.abs(want).max()))
+        assert np.abs(got - want).max() <= tol * scale, f"{system} parameter {name} differs after one step"

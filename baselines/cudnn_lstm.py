@@ -79,7 +79,8 @@ class CudnnLstmSystem(TorchSystem):
         out = super().get_params()
         out["Wx"] = host(self.lstm.weight_ih_l0).T[:, back].copy()
         out["Wh"] = host(self.lstm.weight_hh_l0).T[:, back].copy()
-        out["b"] = host(self.lstm.bias_ih_l0)[back].copy()
+        # the bias the cell applies is the sum (b_hh stays zero, but report what actually runs)
+        out["b"] = host(self.lstm.bias_ih_l0 + self.lstm.bias_hh_l0)[back].copy()
         return out
 
     def trainable(self) -> list[torch.Tensor]:

@@ -11,7 +11,10 @@ DyNet lazily in the first constructor. The strategy itself is the C++ global
 asks for the other strategy gets it by writing that global (ctypes) before each of its forwards.
 Benchmark cells each run in their own process, where that write never happens.
 
-Memory-movement time (Timings.memory_s) is not measured: see README / the module's report.
+Timings.memory_s stays None. DyNet's profiler (dynet_config profiling=1) prints time per node
+type, cumulated, only at process exit; and the autobatcher's memory movement (the input copies of
+BatchedExecutionEngine::combine_tensors, the gradient scatter of accumulate_tensors) runs inside
+the timer of the op that consumes it, so no number DyNet reports isolates memory movement.
 DyNet runs float32 only and its CPU kernels on one thread.
 """
 from __future__ import annotations
@@ -35,8 +38,8 @@ def _dynet(autobatch: int, seed: int):
     if "dy" not in _state:
         import dynet_config
         if "dynet" not in sys.modules and dynet_config.get() is None:
-            # mem grows on demand; the seed only affects DyNet's own initializers, which we overwrite
-            dynet_config.set(autobatch=autobatch, mem="1024", random_seed=seed)
+            # the seed only affects DyNet's own initializers, which set_params overwrites
+            dynet_config.set(autobatch=autobatch, random_seed=seed)
         import dynet
         conf = dynet_config.get() or {}
         if not conf.get("autobatch"):

@@ -142,6 +142,9 @@ class FoldSystem(TorchSystem):
                            for a in range(0, len(samples), size)]
                 schedules = [s for f in futures for s in f.result()]
             batch = self.to_device(merge(schedules), len(samples))
+        # Fold's redundancy, for the record: pass-through copies next to the real cell evaluations
+        for key, count in (("cells", batch.num_cells), ("copies", batch.num_copies)):
+            self.timings.extra[key] = self.timings.extra.get(key, 0) + count
         return batch
 
     def to_device(self, merged: list[Level], num_samples: int) -> FoldBatch:

@@ -35,7 +35,7 @@ def tree_fc_cell(p, x, left, right):
 def tree_lstm_cell(p, x, left, right):
     hl, cl = left.chunk(2, dim=1)
     hr, cr = right.chunk(2, dim=1)
-    i, fr, fl, o, u = (x @ p["Wx"] + torch.cat([hl, hr], dim=1) @ p["Uh"] + p["b"]).chunk(5, dim=1)
+    i, fl, fr, o, u = (x @ p["Wx"] + torch.cat([hl, hr], dim=1) @ p["Uh"] + p["b"]).chunk(5, dim=1)
     c = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * cl + torch.sigmoid(fr) * cr
     return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], dim=1)
 

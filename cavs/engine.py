@@ -27,7 +27,8 @@ from .grad import GradientFunction
 from .loss import softmax_cross_entropy
 from .memory import Counters, DynamicTensor, LossPlan, MessagePlans, PullPlan
 from .ops import OPS, Node
-from .scheduler import POLICIES, schedule
+from .scheduler import POLICIES
+from .support import COMPUTE, SKIP, ZERO, actions, ranges
 from .workloads import LEARNING_RATE
 
 PHASES = ("eager", "loop", "lazy")
@@ -141,20 +142,18 @@ class Engine:
         fwd = phases(F.nodes, {n for n in F.nodes if n.op == "gather"}, {F.scatter})
         bwd = phases(dF.nodes, {self._dstate}, {n for n in dF.nodes if n.op == "scatter_grad_child"})
         self.phase_of = {**fwd, **bwd}
-        self.forward_steps = self._steps(F.nodes, fwd)
-        self.backward_steps = self._steps(dF.nodes, bwd)
+        self.forward_phases = self._phase_nodes(F.nodes, fwd)
+        self.backward_phases = self._phase_nodes(dF.nodes, bwd)
+        self._fns = {}            # (node, action) -> closure
+        self._task_fns = {}       # loop signature -> closures, shared by tasks alike in what they skip
 
-    def _steps(self, nodes, phase_of) -> dict[str, list]:
+    def _phase_nodes(self, nodes, phase_of) -> dict[str, list[Node]]:
         """Per phase, the ops in topological order; switched-off phases fold into the loop."""
         where = {"eager": "eager" if self.options["eager"] else "loop", "loop": "loop",
                  "lazy": "lazy" if self.options["lazy"] else "loop"}
-        groups = {p: [n for n in nodes if n in phase_of and where[phase_of[n]] == p] for p in PHASES}
-        if self.options["fusion"]:
-            from .fusion import fuse
-            return {p: fuse(ops, self) for p, ops in groups.items()}
-        return {p: [self._step(n) for n in ops] for p, ops in groups.items()}
+        return {p: [n for n in nodes if n in phase_of and where[phase_of[n]] == p] for p in PHASES}
 
-    def _step(self, n: Node):
+    def _compute_fn(self, n: Node):
         """A closure running node n on rows [a, b) of task t."""
         xp, A, kernels = self.xp, self._arrays, self.counters.kernels
         o, op = self._slot[n], n.op
@@ -176,6 +175,14 @@ class Engine:
             run(xp, A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
             kernels[op] += 1
         return step
+
+    def _zero_fn(self, n: Node):
+        A, o, kernels = self._arrays, self._slot[n], self.counters.kernels
+
+        def zero(a, b, t):
+            A[o][a:b].fill(0)
+            kernels["zero-fill"] += 1
+        return zero
 
     def _gather_step(self, n: Node):
         A, k, be, counters = self._arrays, n.attrs["k"], self.backend, self.counters
@@ -229,6 +236,8 @@ class Engine:
                                        lambda: PullPlan(self._sched, self.backend))
         self._loss_plan = batch.cached(("loss", self.policy, self.backend.name),
                                        lambda: LossPlan(self._sched, self.backend))
+        self._actions = batch.cached(("actions", self.policy, id(self.model)),
+                                     lambda: actions(self.model.F, self.model.dF, self._sched))
         self.timings.construct_s += time.perf_counter() - t0
         self._bind(self._sched.num_rows)
 
@@ -250,18 +259,43 @@ class Engine:
             if n.is_param:
                 self._arrays[i] = self._params[n.attrs["name"]]
 
-    def _run(self, steps, reverse=False):
-        for fn in steps["eager"]:
-            fn(0, self._sched.num_rows, -1)
-        loop = steps["loop"]
+    def _fn(self, n: Node, action: int):
+        key = (n, action)
+        if key not in self._fns:
+            self._fns[key] = self._compute_fn(n) if action == COMPUTE else self._zero_fn(n)
+        return self._fns[key]
+
+    def _plan(self, phase_nodes) -> dict:
+        """This batch's work: (closure, a, b) for whole-batch phases, closures per loop task."""
+        act, bounds = self._actions, self._sched.bounds
+        plan = {}
+        for phase in ("eager", "lazy"):
+            plan[phase] = [(self._fn(n, action), a, b)
+                           for n in phase_nodes[phase] for action in (ZERO, COMPUTE)
+                           for a, b in ranges(act[n] == action, bounds)]
+        loop = phase_nodes["loop"]
+        signatures = np.stack([act[n] for n in loop], axis=1) if loop else np.zeros((self._sched.num_tasks, 0))
+        per_task = []
+        for sig in map(tuple, signatures.tolist()):
+            key = (id(loop), sig)        # forward and backward loops have separate signatures
+            if key not in self._task_fns:
+                self._task_fns[key] = [self._fn(n, a) for n, a in zip(loop, sig) if a != SKIP]
+            per_task.append(self._task_fns[key])
+        plan["loop"] = per_task
+        return plan
+
+    def _run(self, plan, reverse=False):
+        for fn, a, b in plan["eager"]:
+            fn(a, b, -1)
         tasks = self._sched.tasks()
         order = range(len(tasks) - 1, -1, -1) if reverse else range(len(tasks))
+        loop = plan["loop"]
         for t in order:
             a, b = tasks[t]
-            for fn in loop:
+            for fn in loop[t]:
                 fn(a, b, t)
-        for fn in steps["lazy"]:
-            fn(0, self._sched.num_rows, -1)
+        for fn, a, b in plan["lazy"]:
+            fn(a, b, -1)
 
     # ------------------------------------------------------------ forward, loss, backward
 
@@ -278,7 +312,7 @@ class Engine:
             self.counters.kernels["pull"] += 1
             self.counters.bytes_moved["pull"] += plan.num_rows * buf.shape[1] * self.dtype.itemsize
         self.timings.memory_s += time.perf_counter() - t0
-        self._run(self.forward_steps)
+        self._run(self._plan(self.forward_phases))
         return self._loss(want_grad)
 
     def _loss(self, want_grad: bool):
@@ -305,7 +339,7 @@ class Engine:
     def _backward(self):
         A, n_rows = self._arrays, self._sched.num_rows
         A[self._slot[self._dstate]][:n_rows].fill(0)
-        self._run(self.backward_steps, reverse=True)
+        self._run(self._plan(self.backward_phases), reverse=True)
         if self._dpull is not None:          # F's exit in reverse: d(pull) to the embedding rows
             t0 = time.perf_counter()
             plan = self._pull_plan

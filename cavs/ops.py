@@ -9,6 +9,10 @@ Every value in F is a per-vertex row vector (a "vertex symbol" of width w, store
              "reduce" accumulates a parameter gradient over rows (x^T dy, sum of dy)
   expr       elementwise ops only: a scalar expression template used by fusion (fusion.py)
   run        the implementation on one row range, written against the backend's array module
+  zero       where the output is known to be zero, from where the vertex inputs are zero
+             (support.py skips arithmetic on such rows): "union" = zero where all inputs are,
+             "intersect" = zero where any input is, "second" = zero where input 1 is,
+             "full" = never known zero (sigmoid(0) = 0.5), "none" = always zero
 
 Gradient rules live in grad.py, keyed by the same names.
 """
@@ -29,6 +33,7 @@ class OpDef:
     shape: Callable                 # (input shapes, attrs) -> output shape
     run: Callable | None = None     # (xp, out, *inputs, **attrs) -> None
     expr: str | None = None         # elementwise template over {0}, {1}, ...
+    zero: str = "union"             # see the module docstring
 
     @property
     def elementwise(self) -> bool:
@@ -180,22 +185,22 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
     OpDef("pull_grad_output", "message", _width),   # reads d(loss)/d(push) from outside
     OpDef("push_grad_input", "message", _sink),     # pushes d(pull) out, to the embedding gradient
     # math
-    OpDef("matmul", "compute", _matmul, _run_matmul),
-    OpDef("matmul_t", "compute", _matmul_t, _run_matmul_t),
+    OpDef("matmul", "compute", _matmul, _run_matmul, zero="intersect"),
+    OpDef("matmul_t", "compute", _matmul_t, _run_matmul_t, zero="intersect"),
     OpDef("concat", "compute", _concat, _run_concat),
-    OpDef("zeros", "compute", _width, _run_zeros),
+    OpDef("zeros", "compute", _width, _run_zeros, zero="none"),
     OpDef("add", "compute", _same, _run_add, "({0} + {1})"),
     OpDef("sub", "compute", _same, _run_sub, "({0} - {1})"),
-    OpDef("mul", "compute", _same, _run_mul, "({0} * {1})"),
+    OpDef("mul", "compute", _same, _run_mul, "({0} * {1})", "intersect"),
     OpDef("neg", "compute", _unary, _run_neg, "(-{0})"),
-    OpDef("sigmoid", "compute", _unary, _run_sigmoid, "(0.5 * tanh(0.5 * {0}) + 0.5)"),
+    OpDef("sigmoid", "compute", _unary, _run_sigmoid, "(0.5 * tanh(0.5 * {0}) + 0.5)", "full"),
     OpDef("tanh", "compute", _unary, _run_tanh, "tanh({0})"),
     OpDef("relu", "compute", _unary, _run_relu, "max({0}, 0.0)"),
-    OpDef("sigmoid_grad", "compute", _same, _run_sigmoid_grad, "({1} * {0} * (1.0 - {0}))"),
-    OpDef("tanh_grad", "compute", _same, _run_tanh_grad, "({1} * (1.0 - {0} * {0}))"),
-    OpDef("relu_grad", "compute", _same, _run_relu_grad, "({1} * ({0} > 0.0))"),
+    OpDef("sigmoid_grad", "compute", _same, _run_sigmoid_grad, "({1} * {0} * (1.0 - {0}))", "second"),
+    OpDef("tanh_grad", "compute", _same, _run_tanh_grad, "({1} * (1.0 - {0} * {0}))", "second"),
+    OpDef("relu_grad", "compute", _same, _run_relu_grad, "({1} * ({0} > 0.0))", "intersect"),
     # parameter-gradient accumulation over rows
-    OpDef("param_grad", "reduce", _reduce, _run_param_grad),
+    OpDef("param_grad", "reduce", _reduce, _run_param_grad, zero="intersect"),
     OpDef("bias_grad", "reduce", _reduce, _run_bias_grad),
 ]}
 

@@ -27,6 +27,8 @@ def parse_args(argv):
     run.add_argument("--results", default="results", help="directory of the CSVs (default: results)")
     run.add_argument("--threads", type=int, default=1, help="compute threads per cell (default 1)")
     run.add_argument("--time-limit", type=float, help="seconds per cell (default: the profile's)")
+    run.add_argument("--budget-min", type=float,
+                     help="start no cell past this many minutes, 0 = no limit (default: the profile's)")
     run.add_argument("--retry-failed", action="store_true", help="rerun cells recorded as failed or timed out")
     run.add_argument("--dry-run", action="store_true", help="print the cells and an estimated duration only")
     return parser, parser.parse_args(argv)
@@ -62,10 +64,12 @@ def cmd_run(parser, args):
             mine = [c for c in cells if c["panel"] == panel.id]
             print(f"  {panel.id:<10} {len(mine):>4} cells  ~{runner.estimate_s(mine, profile) / 60:5.1f} min")
         print(f"{exp.name}, profile {profile.name}: {len(cells)} cells, "
-              f"estimated {runner.estimate_s(cells, profile) / 60:.1f} min (cost model of profiles.py)")
+              f"estimated {runner.estimate_s(cells, profile) / 60:.1f} min (cost model of profiles.py)"
+              + (f"; the sweep stops at {profile.sweep_budget_s / 60:.0f} min" if profile.sweep_budget_s else ""))
         return 0
     counts = runner.run(exp, profile, args.results, systems=args.systems, panels=args.panels,
-                        threads=args.threads, time_limit_s=args.time_limit, retry_failed=args.retry_failed)
+                        threads=args.threads, time_limit_s=args.time_limit, retry_failed=args.retry_failed,
+                        budget_s=None if args.budget_min is None else args.budget_min * 60)
     print(f"{exp.name} ({profile.name}): " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
     return 0
 

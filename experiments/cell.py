@@ -41,9 +41,11 @@ def system_factory(name: str):
     return get_system(name)
 
 
-def _backend(system) -> str:
-    backend = getattr(system, "backend", None)
-    return str(getattr(backend, "name", backend) or "")
+def _backend(system, name: str) -> str:
+    """What computes: the engine's backend (numpy/cupy) for Cavs, else the system's framework."""
+    from .registry import SYSTEM_FACTS
+    backend = system.timings.extra.get("backend") or getattr(system, "backend", None)
+    return str(getattr(backend, "name", backend) or SYSTEM_FACTS.get(name, ("",))[0] or "")
 
 
 def measure(spec: dict) -> dict:
@@ -58,6 +60,7 @@ def measure(spec: dict) -> dict:
     system = system_factory(spec["system"])(
         spec["workload"], hidden=spec["hidden"], batch_size=bs, mode=spec["mode"], dtype="float32",
         threads=spec["threads"], seed=0, leaves=spec["leaves"], device=spec["device"], **spec["options"])
+    backend = _backend(system, spec["system"])          # before timings.reset() clears timings.extra
     for batch in batches[len(batches) - spec["warmup_batches"]:]:    # warm up off the timed slice
         system.step(system.prepare(batch))
     system.synchronize()
@@ -72,7 +75,7 @@ def measure(spec: dict) -> dict:
 
     t = system.timings
     measured = timed * bs
-    return {"backend": _backend(system), "samples": measured, "epoch_samples": epoch_samples,
+    return {"backend": backend, "samples": measured, "epoch_samples": epoch_samples,
             "construct_s": t.construct_s, "compute_s": t.compute_s, "memory_s": t.memory_s,
             "total_s": total, "epoch_s": total / measured * epoch_samples,
             "extrapolated": measured < epoch_samples, "loss": float(loss), "status": "ok"}

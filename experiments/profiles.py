@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .registry import SYSTEM_FACTS
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -19,25 +21,31 @@ class Profile:
     timed_batches: int | None    # fixed number of timed batches; None: sized by target_s or the epoch
     target_s: float | None       # seconds of timed work per cell (cost model); None with timed_batches=None: whole epoch
     reduced_grid: bool           # two points per swept axis (its first and its middle value)
+    sweep_budget_s: float | None = None   # no new cell starts past this; a rerun continues the sweep
     warmup_batches: int = 1
 
 
 PROFILES = {p.name: p for p in (
     Profile("quick", "cpu", time_limit_s=120, timed_batches=1, target_s=None, reduced_grid=True),
-    Profile("cpu", "cpu", time_limit_s=90, timed_batches=None, target_s=1.5, reduced_grid=False),
+    Profile("cpu", "cpu", time_limit_s=90, timed_batches=None, target_s=1.0, reduced_grid=False,
+            sweep_budget_s=42 * 60),     # `make fig8` must end within 45 minutes on 2 cores
     Profile("paper", "auto", time_limit_s=6 * 3600, timed_batches=None, target_s=None, reduced_grid=False),
     Profile("gpu-quick", "cuda", time_limit_s=300, timed_batches=2, target_s=None, reduced_grid=True),
     Profile("ci", "cpu", time_limit_s=180, timed_batches=3, target_s=None, reduced_grid=False),
 )}
 
 # ---- cost model: seconds per training sample on one core (an estimate, only used to size slices) ----
-CORE_FLOPS = 50e9           # sustained one-core float32 rate of a whole training step (GEMMs reach 80-130)
-STARTUP_S = 3.0             # one cell's process start, imports, data loading
+# Calibrated on the 2-core reference machine against DyNet, Fold, cuDNN-LSTM, TensorFlow and PyTorch cells
+# (h=512, bs 4-16): within a factor of about 2 either way, which is all a slice size needs.
+BATCHED_FLOPS = 30e9        # one core, a whole batched training step (its GEMMs alone reach 80-130)
+PER_SAMPLE_FLOPS = 4e9      # one core, matrix-vector products: bound by reading the weights
+STARTUP_S = {"tensorflow": 15.0}     # process start, imports, data loading, tracing; others:
+DEFAULT_STARTUP_S = 3.5
 PTB_VOCAB, SST_EMBED, TREE_LSTM_VERTICES, VAR_LSTM_TOKENS = 10_000, 300, 37.3, 22.1   # means over train
-# seconds of Python/framework overhead per vertex: batched systems amortize it over the batch,
-# per-sample ones (PyTorch, Cavs-serial) pay it on every vertex, forward and backward
-VERTEX_OVERHEAD_S = {"pytorch": 4e-4, "cavs-serial": 2e-4}
-BATCHED_VERTEX_OVERHEAD_S = 2e-5
+# seconds of Python/framework overhead per vertex and pass: batched systems amortize it over the batch,
+# per-sample ones (PyTorch, Cavs-serial) pay it on every vertex
+PER_SAMPLE_OVERHEAD_S = 3e-4
+BATCHED_OVERHEAD_S = 2e-5
 
 
 def vertices_per_sample(workload: str, leaves: int) -> float:
@@ -54,8 +62,9 @@ def flops_per_vertex(workload: str, h: int) -> float:
 
 def sample_cost_s(system: str, workload: str, hidden: int, leaves: int, mode: str) -> float:
     passes = 3 if mode == "train" else 1          # backward costs about twice the forward
-    per_vertex = passes * (flops_per_vertex(workload, hidden) / CORE_FLOPS
-                           + VERTEX_OVERHEAD_S.get(system, BATCHED_VERTEX_OVERHEAD_S))
+    per_sample = SYSTEM_FACTS.get(system, (None, False, False))[2]
+    rate, overhead = (PER_SAMPLE_FLOPS, PER_SAMPLE_OVERHEAD_S) if per_sample else (BATCHED_FLOPS, BATCHED_OVERHEAD_S)
+    per_vertex = passes * (flops_per_vertex(workload, hidden) / rate + overhead)
     return vertices_per_sample(workload, leaves) * per_vertex
 
 
@@ -76,7 +85,7 @@ def estimated_cell_s(profile: Profile, cell: dict, epoch_samples: int) -> float:
     cost = sample_cost_s(cell["system"], cell["workload"], cell["hidden"], cell["leaves"], cell["mode"])
     timed = measured_samples(profile, cell) or epoch_samples
     work = (profile.warmup_batches * cell["batch_size"] + timed) * cost
-    return min(STARTUP_S + work, profile.time_limit_s)
+    return min(STARTUP_S.get(cell["system"], DEFAULT_STARTUP_S) + work, profile.time_limit_s)
 
 
 def get_profile(name: str) -> Profile:

@@ -56,10 +56,9 @@ def cell_id(cell: dict) -> str:
 
 def unavailable(system: str, device: str) -> str | None:
     """Why `system` cannot run on this machine and device, or None."""
-    if ":" in system:                                  # a System class by import path (tests)
-        module = system.split(":")[0]
-        return None if importlib.util.find_spec(module) else f"module {module} not found"
-    framework, gpu_capable = SYSTEM_FACTS[system]
+    if ":" in system:          # a System class by import path (tests): its cell reports an import error
+        return None
+    framework, gpu_capable, _ = SYSTEM_FACTS[system]
     if device == "cuda" and not gpu_capable:
         return "cannot run on a GPU"
     if framework and importlib.util.find_spec(framework) is None:
@@ -76,12 +75,12 @@ def plan(experiment: Experiment, profile: Profile, *, systems=None, panels=None,
     for panel in experiment.panels:
         if panels and panel.id not in panels:
             continue
-        values = panel.values
-        if profile.reduced_grid and len(values) > 2:
-            values = (values[0], values[len(values) // 2])
         for system in panel.systems:
             if systems and system not in systems:
                 continue
+            values = panel.values_for(system) if ":" not in system else panel.values
+            if profile.reduced_grid and len(values) > 2:
+                values = (values[0], values[len(values) // 2])
             why = check_available and (out.skipped.get(system) or unavailable(system, device))
             if why:
                 out.skipped[system] = why
@@ -106,10 +105,7 @@ def estimate_s(cells: list[dict], profile: Profile) -> float:
 
 
 def cell_env(cell: dict) -> dict:
-    env = dict(os.environ, **{v: str(cell["threads"]) for v in THREAD_VARS})
-    if cell["device"] == "cuda" and cell["system"].startswith("cavs"):
-        env["CAVS_BACKEND"] = "cupy"
-    return env
+    return dict(os.environ, **{v: str(cell["threads"]) for v in THREAD_VARS})
 
 
 def run_cell(cell: dict, time_limit_s: float, log_dir: Path) -> dict:
@@ -142,8 +138,10 @@ def run_cell(cell: dict, time_limit_s: float, log_dir: Path) -> dict:
 
 
 def run(experiment: Experiment, profile: Profile, results_dir, *, systems=None, panels=None, threads: int = 1,
-        time_limit_s: float | None = None, retry_failed: bool = False, progress: bool = True) -> dict:
-    """Runs every cell not yet in RESULTS/<experiment>.csv; returns counts by status."""
+        time_limit_s: float | None = None, budget_s: float | None = None, retry_failed: bool = False,
+        progress: bool = True) -> dict:
+    """Runs every cell not yet in RESULTS/<experiment>.csv, cheapest first (the cost model's guess), and
+    starts no cell that would end past `budget_s` (default: the profile's); returns counts by status."""
     results_dir = Path(results_dir)
     path = results.csv_path(results_dir, experiment.name)
     if retry_failed:
@@ -152,16 +150,22 @@ def run(experiment: Experiment, profile: Profile, results_dir, *, systems=None, 
     for system, why in the_plan.skipped.items():
         print(f"skipped {system}: {why}", file=sys.stderr)
     done = results.done_ids(path)
-    todo = [c for c in the_plan.cells if c["cell_id"] not in done]
+    todo = sorted((c for c in the_plan.cells if c["cell_id"] not in done), key=lambda c: estimate_s([c], profile))
+    limit = time_limit_s or profile.time_limit_s
+    budget = profile.sweep_budget_s if budget_s is None else budget_s
     environment.write(results_dir, threads, profile.name)
     git_rev = environment.git_revision()
-    counts = {"skipped (already measured)": len(the_plan.cells) - len(todo)}
-    bar = tqdm(total=len(the_plan.cells), initial=len(the_plan.cells) - len(todo), unit="cell",
-               desc=experiment.name, disable=not progress, dynamic_ncols=True)
+    counts = {"already measured": len(the_plan.cells) - len(todo)}
+    bar = tqdm(total=len(the_plan.cells), initial=counts["already measured"], unit="cell", desc=experiment.name,
+               disable=not progress, dynamic_ncols=True)
+    start = time.monotonic()
     for cell in todo:
+        if budget and time.monotonic() - start + min(limit, estimate_s([cell], profile)) > budget:
+            counts["left for a rerun (sweep budget reached)"] = len(todo) - bar.n + counts["already measured"]
+            break
         bar.set_postfix_str(f"{cell['panel']} {cell['system']} {cell['variant']} {cell['mode']} "
                             f"bs={cell['batch_size']} h={cell['hidden']} L={cell['leaves']}")
-        result = run_cell(cell, time_limit_s or profile.time_limit_s, results_dir / "logs")
+        result = run_cell(cell, limit, results_dir / "logs")
         row = {**{k: v for k, v in cell.items() if k in results.COLUMNS}, **result,
                "options": json.dumps(cell["options"], sort_keys=True), "git_rev": git_rev,
                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

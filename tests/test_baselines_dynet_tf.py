@@ -36,7 +36,7 @@ def reference_step(workload, samples):
         for v in np.argsort(levels(g.children), kind="stable"):
             x = p["emb"][g.tokens[v]] if g.tokens[v] >= 0 else torch.zeros(e, dtype=torch.float64)
             kh = [hs[k] if k >= 0 else zero for k in g.children[v]]
-            kc = [cs[k] if k >= 0 else zero for k in g.children[v]]
+            kc = [cs.get(k, zero) for k in g.children[v]]   # tree_fc has no cell state
             if workload == "tree_fc":
                 hs[v] = torch.tanh(torch.cat(kh) @ p["W"] + x + p["b"])
             elif workload == "tree_lstm":
@@ -94,6 +94,8 @@ def test_dynet_depth_strategy_in_the_same_process(workload, samples):
     """dynet then dynet-depth in one process: each step runs with its own strategy."""
     _, agenda, _ = run_system("dynet", workload, samples[workload])
     _, depth, _ = run_system("dynet-depth", workload, samples[workload])
+    from baselines import dynet_autobatch
+    assert dynet_autobatch._state["flag"].value == 2       # the global DyNet's forward reads
     assert depth == pytest.approx(agenda, rel=1e-5)
 
 

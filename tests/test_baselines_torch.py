@@ -131,6 +131,13 @@ def test_fold_schedule_carries_shallow_children_up():
     assert [(len(lv.tokens), len(lv.copies)) for lv in schedule(g)] == [(4, 0), (1, 2), (1, 1), (1, 0)]
 
 
+def test_fold_prepare_counts_depths_and_copies():
+    fold = make("fold", "tree_lstm")
+    batch = fold.prepare(["(1 (2 a) (3 (2 b) (4 (2 c) (2 d))))", "(0 (1 e) (2 f))"])
+    assert (len(batch.ops), batch.num_cells, batch.num_copies) == (4, 10, 3)
+    assert (fold.timings.extra["cells"], fold.timings.extra["copies"]) == (10, 3)
+
+
 def test_fold_merge_lines_up_samples_of_different_depths():
     deep, _ = parse_ptb_tree("(1 (2 a) (3 (2 b) (4 (2 c) (2 d))))", None)
     flat, _ = parse_ptb_tree("(0 (1 e) (2 f))", None)

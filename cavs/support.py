@@ -1,0 +1,102 @@
+"""Which tasks each op must compute, zero-fill or skip, from where values are known to be zero.
+
+A leaf has no children, so everything computed from its gathers is zero there (e.g. [hl; hr] Uh
+on the leaf frontier); an internal SST vertex has no word, so x Wx is zero there; a leaf's
+gradient towards children it does not have is never read. Running such arithmetic is work the
+workload does not need. Per batch, over tasks:
+
+  support(n)  tasks where n may be non-zero (from the message ops' index plans and each op's
+              `zero` rule in ops.py)
+  demand(n)   tasks where some consumer reads n (walking F and dF backwards from the sinks)
+
+and each op is computed on demand & support, filled with zeros on demand & ~support, and
+skipped elsewhere. The arithmetic is unchanged wherever a value is read: exact, not approximate.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ops import OPS
+
+SKIP, ZERO, COMPUTE = 0, 1, 2
+
+
+def _any_per_task(rows_mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    return np.add.reduceat(rows_mask.astype(np.int64), bounds[:-1]) > 0
+
+
+def actions(F, dF, sched) -> dict:
+    """{node: int8 array over tasks of SKIP / ZERO / COMPUTE} for every node that does work."""
+    T = sched.num_tasks
+    every = np.ones(T, dtype=bool)
+    has_pull = _any_per_task(sched.tokens >= 0, sched.bounds)
+    has_label = _any_per_task(sched.labels >= 0, sched.bounds)
+    has_child = [_any_per_task(sched.child_rows[:, k] >= 0, sched.bounds)
+                 for k in range(sched.child_rows.shape[1])]
+    nodes = F.nodes + dF.nodes
+
+    support = {}
+    for n in nodes:
+        if n.is_param:
+            continue
+        vertex_inputs = [support[i] for i in n.inputs if not i.is_param]
+        rule = OPS[n.op].zero
+        if n.op == "pull":
+            s = has_pull
+        elif n.op == "gather":
+            s = has_child[n.attrs["k"]]
+        elif n.op == "pull_grad_output":
+            s = has_label
+        elif n.op == "gather_grad_state":
+            s = every
+        elif rule == "full" or (rule == "union" and any(i.is_param for i in n.inputs)):
+            s = every                            # e.g. sigmoid(0) = 0.5; a bias added to zero rows
+        elif rule == "none" or not vertex_inputs:
+            s = ~every
+        elif rule == "second":
+            s = support[n.inputs[1]]
+        elif rule == "intersect":
+            s = np.logical_and.reduce(vertex_inputs)
+        else:
+            s = np.logical_or.reduce(vertex_inputs)
+        support[n] = s
+
+    demand = {n: ~every for n in support}
+    act = {}
+    for n in reversed(nodes):
+        if n.is_param:
+            continue
+        if n.op == "scatter":
+            reads = every
+        elif n.op == "push":
+            reads = has_label
+        elif n.op == "push_grad_input":
+            reads = has_pull
+        elif n.op == "scatter_grad_child":
+            reads = has_child[n.attrs["k"]] & support[n.inputs[0]]
+            act[n] = np.where(reads, COMPUTE, SKIP).astype(np.int8)
+        elif OPS[n.op].kind == "reduce":
+            reads = support[n]
+            act[n] = np.where(reads, COMPUTE, SKIP).astype(np.int8)
+        elif n.op == "slice":
+            reads = demand[n]                    # a view: its readers read its input
+        else:
+            compute = demand[n] & support[n]
+            act[n] = np.where(compute, COMPUTE, np.where(demand[n], ZERO, SKIP)).astype(np.int8)
+            reads = compute
+        for i in n.inputs:
+            if not i.is_param:
+                demand[i] = demand[i] | reads
+    return act
+
+
+def ranges(mask: np.ndarray, bounds: np.ndarray) -> list[tuple[int, int]]:
+    """The row ranges of the tasks in `mask`, adjacent tasks merged into one range."""
+    out = []
+    for t in np.flatnonzero(mask):
+        a, b = int(bounds[t]), int(bounds[t + 1])
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out

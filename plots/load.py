@@ -1,0 +1,42 @@
+"""Reads an experiment's long-format CSV for plotting: one profile, ok rows scaled to one epoch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+TIME_COLUMNS = ("construct_s", "compute_s", "memory_s", "computation_s", "total_s")
+
+
+def load(results_dir, experiment: str, profile: str | None = None):
+    """(ok rows, failed rows, profile). Times of ok rows are per epoch (measured slice scaled up);
+    computation_s = compute_s - memory_s. Default profile: the one of the newest row."""
+    path = Path(results_dir) / f"{experiment}.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found; run `python -m experiments run {experiment}` first")
+    df = pd.read_csv(path)
+    if profile is None:
+        profile = df.sort_values("timestamp")["profile"].iloc[-1]
+    df = df[df["profile"] == profile]
+    if df.empty:
+        raise ValueError(f"{path} has no rows of profile {profile!r}")
+    ok = df[df["status"] == "ok"].copy()
+    ok["extrapolated"] = ok["extrapolated"].astype(str) == "True"
+    ok["computation_s"] = ok["compute_s"] - ok["memory_s"]
+    scale = ok["epoch_samples"] / ok["samples"]
+    for col in TIME_COLUMNS:
+        ok[col] = ok[col] * scale
+    return ok, df[df["status"] != "ok"], profile
+
+
+def failure_note(failed, vary_of_panel: dict, limit: int = 8) -> str:
+    """One footnote listing failed cells as `(panel) system x=value [variant] [mode]: reason`."""
+    items = []
+    for r in failed.itertuples():
+        vary = vary_of_panel.get(r.panel, "batch_size")
+        extra = "".join(f" {v}" for v in (r.variant, r.mode) if v not in ("default", "train"))
+        items.append(f"({r.panel}) {r.system} {vary}={getattr(r, vary)}{extra}: {r.status}")
+    if not items:
+        return ""
+    more = f"; and {len(items) - limit} more" if len(items) > limit else ""
+    return "Missing (failed) cells: " + "; ".join(items[:limit]) + more

@@ -1,0 +1,203 @@
+"""The harness (experiments/, plots/) on a fake system, so it is tested without the engine or baselines."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from baselines.base import System
+from experiments import ci_bench, registry, results, runner
+from experiments.__main__ import main as experiments_main
+from experiments.profiles import Profile, get_profile
+
+TESTS = Path(__file__).resolve().parent
+FAKE = "test_experiments:FakeSystem"      # a System by import path (experiments/cell.py)
+PROFILE = Profile("test", "cpu", time_limit_s=20, timed_batches=2, target_s=None, reduced_grid=False)
+
+
+class FakeSystem(System):
+    """Sleeps instead of computing; options make it crash or hang."""
+    name = "fake"
+
+    def __init__(self, workload, *, sleep_ms=2.0, crash=False, hang=False, **kwargs):
+        super().__init__(workload, **kwargs)
+        self.sleep_s, self.crash, self.hang = sleep_ms / 1000, crash, hang
+        self.timings.memory_s = 0.0
+
+    def prepare(self, samples):
+        with self.timings.timing("construct_s"):
+            time.sleep(self.sleep_s / 4)
+        return samples
+
+    def step(self, batch):
+        if self.crash:
+            raise RuntimeError("fake crash")
+        if self.hang:
+            time.sleep(3600)
+        with self.timings.timing("compute_s"):
+            time.sleep(self.sleep_s)
+        return 1.0
+
+
+def fake_experiment(variants=(("default", {}),), values=(2, 4)):
+    panel = registry.Panel("a", "tree_fc", (FAKE,), "batch_size", values, hidden=8, leaves=8, variants=variants)
+    return registry.Experiment("fake", "fake experiment", (panel,), {"kind": "lines", "y": "epoch_s",
+                                                                      "layout": (1, 1)})
+
+
+@pytest.fixture(autouse=True)
+def importable_fake(monkeypatch):
+    """Cell subprocesses import this module by name."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+
+
+def rows_of(results_dir, name="fake"):
+    return results.read_rows(results.csv_path(results_dir, name))
+
+
+# ---------------------------------------------------------------- registry and CLI
+
+def test_registry_has_the_papers_panels_and_grids():
+    fig8 = {p.id: p for p in registry.get_experiment("fig8").panels}
+    assert list(fig8) == list("abcdefgh")
+    for pid, workload in zip("abcd", ("fixed_lstm", "var_lstm", "tree_fc", "tree_lstm")):
+        assert (fig8[pid].workload, fig8[pid].vary, fig8[pid].hidden) == (workload, "batch_size", 512)
+        assert fig8[pid].values == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    for pid, workload in zip("efgh", ("fixed_lstm", "var_lstm", "tree_fc", "tree_lstm")):
+        assert (fig8[pid].workload, fig8[pid].vary, fig8[pid].batch_size) == (workload, "hidden", 64)
+        assert fig8[pid].values == (64, 128, 256, 512, 1024)
+    paper = {"a": {"cavs", "cudnn", "tensorflow", "dynet"}, "c": {"cavs", "fold", "dynet"},
+             "d": {"cavs", "fold", "dynet", "cavs-serial"}}
+    for pid, systems in paper.items():
+        assert systems <= set(fig8[pid].systems)
+    fig9 = registry.get_experiment("fig9").panels
+    assert fig9[0].values == (32, 64, 128, 256, 512, 1024) and "fold-n" in fig9[1].systems
+    assert registry.get_experiment("table2").panels[0].modes == ("train", "infer")
+    ablation = registry.get_experiment("ablation")
+    assert {p.workload for p in ablation.panels} == {"fixed_lstm", "var_lstm", "tree_lstm"}
+    assert [v for v, _ in ablation.panels[0].variants] == ["all-off", "lazy", "fusion", "streaming", "eager", "all-on"]
+
+
+def test_cell_ids_are_deterministic_and_unique():
+    exp = registry.get_experiment("fig8")
+    first = runner.plan(exp, get_profile("cpu"), check_available=False).cells
+    again = runner.plan(exp, get_profile("cpu"), check_available=False).cells
+    assert [c["cell_id"] for c in first] == [c["cell_id"] for c in again]
+    assert len({c["cell_id"] for c in first}) == len(first)
+    assert all(c["samples"] % c["batch_size"] == 0 and c["samples"] >= c["batch_size"] for c in first)
+    quick = runner.plan(exp, get_profile("quick"), check_available=False).cells
+    assert {(c["panel"], c["system"]) for c in quick} == {(c["panel"], c["system"]) for c in first}
+
+
+def test_cli_rejects_bad_arguments(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        experiments_main(["run", "fig8", "--systems", "cavs,nosuch"])
+    assert exit_.value.code == 2 and "unknown system nosuch" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        experiments_main(["run", "fig8", "--panels", "z"])
+    with pytest.raises(SystemExit) as exit_:
+        experiments_main(["run", "--help"])
+    assert exit_.value.code == 0
+
+
+# ---------------------------------------------------------------- runner
+
+def test_failed_and_timed_out_cells_are_recorded_and_the_sweep_goes_on(tmp_path):
+    exp = fake_experiment(variants=(("crash", {"crash": True}), ("hang", {"hang": True}), ("default", {})))
+    counts = runner.run(exp, PROFILE, tmp_path, time_limit_s=4, progress=False)
+    status = {(r["variant"], r["batch_size"]): r["status"] for r in rows_of(tmp_path)}
+    assert status[("crash", "2")] == "failed: RuntimeError: fake crash"
+    assert status[("hang", "4")] == "timeout"
+    assert status[("default", "2")] == status[("default", "4")] == "ok"
+    assert counts == {"already measured": 0, "failed": 2, "timeout": 2, "ok": 2}
+    assert (tmp_path / "logs").exists() and (tmp_path / "environment.json").exists()
+    assert runner.run(exp, PROFILE, tmp_path, progress=False) == {"already measured": 6}
+
+
+def test_csv_has_the_documented_columns_and_epoch_extrapolation(tmp_path):
+    runner.run(fake_experiment(), PROFILE, tmp_path, progress=False)
+    with open(results.csv_path(tmp_path, "fake")) as f:
+        header = next(csv.reader(f))
+    assert header == list(results.COLUMNS)
+    row = rows_of(tmp_path)[0]
+    assert row["status"] == "ok" and row["extrapolated"] == "True" and row["samples"] == "4"
+    assert float(row["epoch_s"]) == pytest.approx(float(row["total_s"]) / 4 * int(row["epoch_samples"]))
+    assert int(row["epoch_samples"]) == 8192 and float(row["construct_s"]) > 0
+    assert json.loads(row["options"]) == {} and row["threads"] == "1" and row["profile"] == "test"
+
+
+def test_killed_sweep_resumes_without_lost_or_duplicated_rows(tmp_path):
+    script = (f"import test_experiments as t; from experiments import runner; "
+              f"runner.run(t.fake_experiment(values=tuple(range(1, 9))), t.PROFILE, {str(tmp_path)!r}, "
+              f"progress=False)")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=TESTS.parent)
+    deadline = time.monotonic() + 40
+    while len(rows_of(tmp_path)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = len(rows_of(tmp_path))
+    assert 3 <= before < 8, "the runner should have been killed mid-sweep"
+    runner.run(fake_experiment(values=tuple(range(1, 9))), PROFILE, tmp_path, progress=False)
+    ids = [r["cell_id"] for r in rows_of(tmp_path)]
+    assert len(ids) == len(set(ids)) == 8
+
+
+def test_retry_failed_reruns_only_failed_cells(tmp_path):
+    exp = fake_experiment(variants=(("crash", {"crash": True}), ("default", {})))
+    runner.run(exp, PROFILE, tmp_path, progress=False)
+    assert runner.run(exp, PROFILE, tmp_path, retry_failed=True, progress=False) == \
+        {"already measured": 2, "failed": 2}
+    assert len(rows_of(tmp_path)) == 4
+
+
+# ---------------------------------------------------------------- plots
+
+def synthetic_csv(results_dir, name):
+    """Rows for every cell of a registry experiment with made-up times; a few failed, half extrapolated."""
+    cells = runner.plan(registry.get_experiment(name), get_profile("cpu"), check_available=False).cells
+    rows = []
+    for i, c in enumerate(cells):
+        t = 0.01 * c["hidden"] / c["batch_size"] * (1 + ["cavs", "fold", "dynet"].count(c["system"]))
+        ok = i % 17 != 5
+        rows.append({**{k: v for k, v in c.items() if k in results.COLUMNS},
+                     "options": json.dumps(c["options"]), "samples": c["batch_size"], "epoch_samples": 8192,
+                     "construct_s": t / 4, "compute_s": t, "memory_s": t / 3, "total_s": 1.25 * t,
+                     "epoch_s": 1.25 * t * 8192 / c["batch_size"], "extrapolated": i % 2 == 0,
+                     "status": "ok" if ok else "timeout", "timestamp": f"2026-01-01T00:00:{i % 60:02d}"})
+    import pandas as pd
+    pd.DataFrame(rows, columns=results.COLUMNS).to_csv(results.csv_path(results_dir, name), index=False)
+
+
+@pytest.mark.parametrize("name,outputs", [("fig8", ["fig8.png", "fig8.pdf"]), ("fig9", ["fig9.png"]),
+                                          ("ablation", ["ablation.png"]), ("table2", ["table2.md", "table2.csv"])])
+def test_plots_render_from_a_csv(tmp_path, name, outputs):
+    from plots.__main__ import render
+    synthetic_csv(tmp_path, name)
+    render(name, tmp_path)
+    for out in outputs:
+        assert (tmp_path / "figures" / out).stat().st_size > 0
+    if name == "table2":
+        text = (tmp_path / "figures" / "table2.md").read_text()
+        assert "| mode | batch_size | cavs memory_s |" in text and "*" in text
+
+
+# ---------------------------------------------------------------- bench-ci
+
+def test_ci_compare_fails_only_past_the_tolerance():
+    baseline = {"tree_lstm/dynet": 4.0, "var_lstm/tensorflow": 2.0, "tree_fc/fold": 3.0}
+    rows, ok = ci_bench.compare(baseline, {"tree_lstm/dynet": 3.1, "var_lstm/tensorflow": 2.5,
+                                           "tree_fc/fold": 3.0})
+    assert ok and [r[4] for r in rows] == ["ok", "ok", "ok"]          # 3.1/4.0 = 0.775: within 25%
+    rows, ok = ci_bench.compare(baseline, {"tree_lstm/dynet": 2.9, "var_lstm/tensorflow": 2.0})
+    verdicts = {r[0]: r[4] for r in rows}
+    assert not ok and verdicts == {"tree_lstm/dynet": "REGRESSION", "var_lstm/tensorflow": "ok",
+                                   "tree_fc/fold": "not measured"}
+    assert ci_bench.compare({}, {"tree_fc/dynet": 1.0}) == ([("tree_fc/dynet", None, 1.0, None, "new")], True)

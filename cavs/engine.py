@@ -16,12 +16,14 @@ op over each task's rows compute the same numbers (only summation order of reduc
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import MutableMapping
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from . import fusion
 from .backend import get_backend
 from .grad import GradientFunction
 from .loss import softmax_cross_entropy
@@ -32,6 +34,7 @@ from .support import COMPUTE, SKIP, ZERO, actions, ranges
 from .workloads import LEARNING_RATE
 
 PHASES = ("eager", "loop", "lazy")
+STREAM_CHUNKS = 4      # streaming: eager work is cut into this many pieces along the task order
 # ops that need no work at run time: their dynamic tensor is a view of another buffer
 _VIEWS = {"param", "slice", "pull", "scatter", "push", "gather_grad_state", "pull_grad_output",
           "push_grad_input"}
@@ -142,16 +145,26 @@ class Engine:
         fwd = phases(F.nodes, {n for n in F.nodes if n.op == "gather"}, {F.scatter})
         bwd = phases(dF.nodes, {self._dstate}, {n for n in dF.nodes if n.op == "scatter_grad_child"})
         self.phase_of = {**fwd, **bwd}
-        self.forward_phases = self._phase_nodes(F.nodes, fwd)
-        self.backward_phases = self._phase_nodes(dF.nodes, bwd)
+        self._consumers: dict[Node, list[Node]] = {}
+        for n in nodes:
+            for i in n.inputs:
+                self._consumers.setdefault(i, []).append(n)
+        self.forward_phases = self._phase_items(F.nodes, fwd)
+        self.backward_phases = self._phase_items(dF.nodes, bwd)
         self._fns = {}            # (node, action) -> closure
         self._task_fns = {}       # loop signature -> closures, shared by tasks alike in what they skip
 
-    def _phase_nodes(self, nodes, phase_of) -> dict[str, list[Node]]:
-        """Per phase, the ops in topological order; switched-off phases fold into the loop."""
+    def _phase_items(self, nodes, phase_of) -> dict[str, list]:
+        """Per phase, its ops in topological order (switched-off phases fold into the loop);
+        with fusion on, each fused group of elementwise ops is one item."""
         where = {"eager": "eager" if self.options["eager"] else "loop", "loop": "loop",
                  "lazy": "lazy" if self.options["lazy"] else "loop"}
-        return {p: [n for n in nodes if n in phase_of and where[phase_of[n]] == p] for p in PHASES}
+        items = {}
+        for p in PHASES:
+            ops = [n for n in nodes if n in phase_of and where[phase_of[n]] == p]
+            groups = fusion.find_groups(ops, self._consumers) if self.options["fusion"] else []
+            items[p] = fusion.contracted_order(ops, groups)
+        return items
 
     def _compute_fn(self, n: Node):
         """A closure running node n on rows [a, b) of task t."""
@@ -175,6 +188,26 @@ class Engine:
             run(xp, A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
             kernels[op] += 1
         return step
+
+    def _fused_fn(self, g: "fusion.FusedGroup"):
+        """One generated kernel for a group: reads its inputs' rows, writes its outputs' rows."""
+        A, kernels = self._arrays, self.counters.kernels
+        ins = [self._slot[i] for i in g.inputs]
+        outs = [self._slot[o] for o in g.outputs]
+        if self.backend.name == "cupy":
+            kernel = fusion.compile_cupy(*fusion.cupy_source(g))
+            params = [i.is_param for i in g.inputs]
+
+            def fused_gpu(a, b, t):
+                kernel(*[A[s] if p else A[s][a:b] for s, p in zip(ins, params)], *[A[s][a:b] for s in outs])
+                kernels["fused"] += 1
+            return fused_gpu
+        kernel = fusion.compile_numba(fusion.numba_source(g), self.dtype.name)
+
+        def fused(a, b, t):
+            kernel(a, b, *[A[s] for s in ins], *[A[s] for s in outs])
+            kernels["fused"] += 1
+        return fused
 
     def _zero_fn(self, n: Node):
         A, o, kernels = self._arrays, self._slot[n], self.counters.kernels
@@ -259,43 +292,87 @@ class Engine:
             if n.is_param:
                 self._arrays[i] = self._params[n.attrs["name"]]
 
-    def _fn(self, n: Node, action: int):
-        key = (n, action)
+    def _fn(self, item, action: int):
+        key = (item, action)
         if key not in self._fns:
-            self._fns[key] = self._compute_fn(n) if action == COMPUTE else self._zero_fn(n)
+            if isinstance(item, fusion.FusedGroup):
+                self._fns[key] = self._fused_fn(item)
+            else:
+                self._fns[key] = self._compute_fn(item) if action == COMPUTE else self._zero_fn(item)
         return self._fns[key]
 
-    def _plan(self, phase_nodes) -> dict:
+    def _item_fns(self, item, action_of) -> list:
+        """Closures for one item given each member's action: a fused group runs as one kernel
+        where all its members compute, and member by member elsewhere."""
+        if isinstance(item, fusion.FusedGroup):
+            if all(action_of(m) == COMPUTE for m in item.nodes):
+                return [self._fn(item, COMPUTE)]
+            return [f for m in item.nodes for f in self._item_fns(m, action_of)]
+        a = action_of(item)
+        return [] if a == SKIP else [self._fn(item, a)]
+
+    def _plan(self, phase_items) -> dict:
         """This batch's work: (closure, a, b) for whole-batch phases, closures per loop task."""
         act, bounds = self._actions, self._sched.bounds
         plan = {}
         for phase in ("eager", "lazy"):
-            plan[phase] = [(self._fn(n, action), a, b)
-                           for n in phase_nodes[phase] for action in (ZERO, COMPUTE)
-                           for a, b in ranges(act[n] == action, bounds)]
-        loop = phase_nodes["loop"]
-        signatures = np.stack([act[n] for n in loop], axis=1) if loop else np.zeros((self._sched.num_tasks, 0))
+            plan[phase] = []
+            for item in phase_items[phase]:
+                members = item.nodes if isinstance(item, fusion.FusedGroup) else [item]
+                if isinstance(item, fusion.FusedGroup) and all((act[m] == act[members[0]]).all() for m in members):
+                    masks = {COMPUTE: [item], ZERO: item.outputs}     # one kernel where they compute
+                else:
+                    masks = {COMPUTE: members, ZERO: members}
+                for action, targets in masks.items():
+                    for target in targets:
+                        mask = act[members[0] if target is item else target] == action
+                        plan[phase] += [(self._fn(target, action), a, b) for a, b in ranges(mask, bounds)]
+        loop = phase_items["loop"]
+        loop_nodes = [m for it in loop for m in (it.nodes if isinstance(it, fusion.FusedGroup) else [it])]
+        column = {m: k for k, m in enumerate(loop_nodes)}
+        signatures = np.stack([act[n] for n in loop_nodes], axis=1) if loop_nodes \
+            else np.zeros((self._sched.num_tasks, 0), dtype=np.int8)
         per_task = []
         for sig in map(tuple, signatures.tolist()):
             key = (id(loop), sig)        # forward and backward loops have separate signatures
             if key not in self._task_fns:
-                self._task_fns[key] = [self._fn(n, a) for n, a in zip(loop, sig) if a != SKIP]
+                self._task_fns[key] = [f for it in loop for f in self._item_fns(it, lambda m: sig[column[m]])]
             per_task.append(self._task_fns[key])
         plan["loop"] = per_task
         return plan
 
     def _run(self, plan, reverse=False):
-        for fn, a, b in plan["eager"]:
-            fn(a, b, -1)
         tasks = self._sched.tasks()
-        order = range(len(tasks) - 1, -1, -1) if reverse else range(len(tasks))
+        order = list(range(len(tasks) - 1, -1, -1) if reverse else range(len(tasks)))
+        wait = self._stream_eager(plan["eager"], tasks, order) if self.options["streaming"] else None
+        if wait is None:
+            for fn, a, b in plan["eager"]:
+                fn(a, b, -1)
         loop = plan["loop"]
-        for t in order:
+        for k, t in enumerate(order):
+            if wait is not None:
+                wait(k * STREAM_CHUNKS // len(order))
             a, b = tasks[t]
             for fn in loop[t]:
                 fn(a, b, t)
         for fn, a, b in plan["lazy"]:
             fn(a, b, -1)
+
+    def _stream_eager(self, eager, tasks, order):
+        """Streaming: the eager ops run on a second stream in STREAM_CHUNKS chunks of tasks, in
+        loop order; the loop waits only for the chunk holding its next task."""
+        if not eager:
+            return None
+        chunks = []
+        for c in range(STREAM_CHUNKS):
+            mine = [t for k, t in enumerate(order) if k * STREAM_CHUNKS // len(order) == c]
+            if not mine:
+                chunks.append([])
+                continue
+            lo, hi = tasks[min(mine)][0], tasks[max(mine)][1]
+            chunks.append([functools.partial(fn, max(a, lo), min(b, hi), -1)
+                           for fn, a, b in eager if max(a, lo) < min(b, hi)])
+        return self.backend.stream(chunks)
 
     # ------------------------------------------------------------ forward, loss, backward
 

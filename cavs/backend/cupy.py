@@ -31,3 +31,17 @@ class CupyBackend:
             dst[idx] += src
         else:
             cupyx.scatter_add(dst, idx, src)
+
+    def stream(self, chunks):
+        """Launches `chunks` on a second CUDA stream, one event per chunk; wait(k) makes the
+        current stream wait for chunk k on the device (the host does not block)."""
+        side = cupy.cuda.Stream(non_blocking=True)
+        side.wait_event(cupy.cuda.get_current_stream().record())   # inputs written so far
+        events = []
+        with side:
+            for fns in chunks:
+                for fn in fns:
+                    fn()
+                events.append(side.record())
+        main = cupy.cuda.get_current_stream()
+        return lambda k: main.wait_event(events[k])

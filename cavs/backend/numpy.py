@@ -1,6 +1,8 @@
 """The CPU backend: NumPy arrays, BLAS matmuls (thread count set by the engine)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 
@@ -29,3 +31,34 @@ class NumpyBackend:
             dst[idx] += src          # buffered fancy-index add is exact when indices are distinct
         else:
             np.add.at(dst, idx, src)
+
+    def stream(self, chunks):
+        """Runs `chunks` (lists of closures) in order on a worker thread: the CPU's second stream.
+
+        NumPy and BLAS release the GIL, so the worker's matmuls overlap the main thread's loop.
+        Returns wait(k): blocks until chunk k is done (re-raising the worker's error, if any).
+        """
+        done, failure = [0], []
+        cond = threading.Condition()
+
+        def work():
+            try:
+                for fns in chunks:
+                    for fn in fns:
+                        fn()
+                    with cond:
+                        done[0] += 1
+                        cond.notify_all()
+            except BaseException as e:   # handed to the main thread at its next wait
+                with cond:
+                    failure.append(e)
+                    cond.notify_all()
+
+        threading.Thread(target=work, daemon=True, name="cavs-eager-stream").start()
+
+        def wait(k):
+            with cond:
+                cond.wait_for(lambda: done[0] > k or failure)
+            if failure:
+                raise failure[0]
+        return wait

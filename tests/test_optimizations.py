@@ -1,0 +1,71 @@
+"""Lazy batching, eager batching, streaming and fusion change speed, never the numbers; and the
+kernel counts they produce are pinned, so a fusion or batching regression is a failing count."""
+import itertools
+
+import numpy as np
+import pytest
+
+import cavs
+from tests.conftest import backend_name
+
+SWITCHES = ("lazy", "eager", "fusion", "streaming")
+
+
+def run(workload, samples, **options):
+    model = cavs.models.build(workload, hidden=6, seed=4, dtype="float64", leaves=8)
+    engine = cavs.Engine(model, backend=backend_name(), **options)
+    return engine.loss_and_grads(model.make_batch(samples)), engine
+
+
+@pytest.mark.parametrize("workload", cavs.workloads.WORKLOADS)
+def test_every_switch_combination_gives_the_same_numbers(workload, small_samples):
+    samples = small_samples[workload]
+    (base_loss, base_grads), _ = run(workload, samples, **dict.fromkeys(SWITCHES, False))
+    for values in itertools.product([False, True], repeat=len(SWITCHES)):
+        options = dict(zip(SWITCHES, values))
+        (loss, grads), _ = run(workload, samples, **options)
+        # reordering only (lazy, eager, streaming): 1e-9; fusion changes the arithmetic: 1e-6
+        tol = 1e-6 if options["fusion"] else 1e-9
+        assert loss == pytest.approx(base_loss, rel=tol), options
+        for name, g in grads.items():
+            err = np.abs(g - base_grads[name]).max() / max(1e-300, np.abs(base_grads[name]).max())
+            assert err <= tol, f"{workload} {options}: d/d{name} relative error {err:.1e}"
+
+
+TREE = "(1 (2 a) (3 (2 b) (2 c)))"     # 3 tasks: the 3 leaves, the inner vertex, the root
+
+# Per batch of TREE (Tree-LSTM, lazy and eager on). Leaves skip what their missing children make
+# zero: [hl; hr] Uh, the forget gates, the child gradients.
+KERNELS_UNFUSED = {"pull": 1, "matmul": 3, "zero-fill": 6, "add": 18, "sigmoid": 10, "tanh": 6,
+                   "mul": 30, "concat": 12, "gather": 4, "loss": 1, "tanh_grad": 6,
+                   "sigmoid_grad": 10, "matmul_t": 3, "scatter": 4, "bias_grad": 1, "param_grad": 2}
+# fused: the gate pre-activation sums (one group), the cell's 12 elementwise ops (one group),
+# and dF's 16 elementwise ops (one group), per task; at the leaves, where some members are
+# skipped, the cell and its gradient run op by op
+KERNELS_FUSED = {"pull": 1, "matmul": 3, "zero-fill": 6, "fused": 7, "sigmoid": 2, "tanh": 2,
+                 "mul": 6, "add": 4, "concat": 12, "gather": 4, "loss": 1, "matmul_t": 3,
+                 "scatter": 4, "tanh_grad": 2, "sigmoid_grad": 2, "bias_grad": 1, "param_grad": 2}
+
+
+@pytest.mark.parametrize("fusion,expected", [(False, KERNELS_UNFUSED), (True, KERNELS_FUSED)])
+def test_exact_kernel_counts(fusion, expected):
+    _, engine = run("tree_lstm", [TREE], fusion=fusion)
+    assert dict(engine.counters.kernels) == expected
+    assert engine.counters.total_kernels == sum(expected.values())
+
+
+@pytest.mark.parametrize("lazy,param_grads,bias_grads", [(True, 2, 1), (False, 3, 3)])
+def test_lazy_batching_issues_one_parameter_gradient_matmul_per_parameter(lazy, param_grads, bias_grads):
+    """Lazy: dWx and dUh are one matmul each over all rows, db one sum. Without it, dUh is one
+    matmul per internal task (2) and db one sum per task (3); dWx has only the leaf task."""
+    _, engine = run("tree_lstm", [TREE, TREE], lazy=lazy)
+    assert engine.counters.kernels["param_grad"] == param_grads
+    assert engine.counters.kernels["bias_grad"] == bias_grads
+
+
+def test_eager_batching_runs_input_matmul_once_before_the_loop():
+    _, on = run("var_lstm", [[1, 2, 3, 4], [5, 6, 7]], eager=True)
+    _, off = run("var_lstm", [[1, 2, 3, 4], [5, 6, 7]], eager=False)
+    # x Wx: once over all rows, or once per task (3 tasks); h Wh: once per task after the first
+    assert on.counters.kernels["matmul"] == 1 + 2
+    assert off.counters.kernels["matmul"] == 3 + 2

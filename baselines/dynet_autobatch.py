@@ -20,6 +20,7 @@ DyNet runs float32 only and its CPU kernels on one thread.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 import numpy as np
@@ -39,7 +40,8 @@ def _dynet(autobatch: int, seed: int):
         import dynet_config
         if "dynet" not in sys.modules and dynet_config.get() is None:
             # the seed only affects DyNet's own initializers, which set_params overwrites
-            dynet_config.set(autobatch=autobatch, random_seed=seed)
+            # autobatching cannot grow DyNet's memory pools on the fly: reserve them up front
+            dynet_config.set(autobatch=autobatch, random_seed=seed, mem=os.environ.get("CAVS_DYNET_MEM", "8192"))
         import dynet
         conf = dynet_config.get() or {}
         if not conf.get("autobatch"):

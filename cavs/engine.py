@@ -265,12 +265,14 @@ class Engine:
         self._sched = batch.schedule(self.policy)
         self._plans = batch.cached(("plans", self.policy, self.backend.name),
                                    lambda: MessagePlans(self._sched, self.backend))
-        self._pull_plan = batch.cached(("pull", self.policy, self.backend.name),
-                                       lambda: PullPlan(self._sched, self.backend))
         self._loss_plan = batch.cached(("loss", self.policy, self.backend.name),
                                        lambda: LossPlan(self._sched, self.backend))
         self._actions = batch.cached(("actions", self.policy, id(self.model)),
                                      lambda: actions(self.model.F, self.model.dF, self._sched))
+        pull_read = np.logical_or.reduce([self._actions[p] != SKIP for p in self._pulls]) \
+            if self._pulls else np.zeros(self._sched.num_tasks, dtype=bool)
+        self._pull_plan = batch.cached(("pull", self.policy, self.backend.name, id(self.model)),
+                                       lambda: PullPlan(self._sched, self.backend, pull_read))
         self.timings.construct_s += time.perf_counter() - t0
         self._bind(self._sched.num_rows)
 
@@ -380,12 +382,13 @@ class Engine:
         xp, A, n_rows = self.xp, self._arrays, self._sched.num_rows
         t0 = time.perf_counter()
         for p in self._pulls:                # F's entry: the embedding lookup fills the pull buffer
-            buf, plan = A[self._slot[p]][:n_rows], self._pull_plan
-            if plan.all_rows:
-                self.backend.take_rows(self._params["emb"], plan.tokens, buf)
+            buf, plan = A[self._slot[p]], self._pull_plan
+            if plan.prefix is not None:
+                self.backend.take_rows(self._params["emb"], plan.tokens, buf[:plan.prefix])
             else:
-                buf.fill(0)
                 buf[plan.rows] = self._params["emb"][plan.tokens]
+            if len(plan.zero_rows):             # rows without input that some task reads as zeros
+                buf[plan.zero_rows] = 0
             self.counters.kernels["pull"] += 1
             self.counters.bytes_moved["pull"] += plan.num_rows * buf.shape[1] * self.dtype.itemsize
         self.timings.memory_s += time.perf_counter() - t0
@@ -420,9 +423,9 @@ class Engine:
         if self._dpull is not None:          # F's exit in reverse: d(pull) to the embedding rows
             t0 = time.perf_counter()
             plan = self._pull_plan
-            d = A[self._slot[self._dpull]][:n_rows]
-            self._emb_grad = (plan.tokens, d if plan.all_rows else d[plan.rows])
-            self.counters.bytes_moved["push"] += self._emb_grad[1].nbytes
+            d = A[self._slot[self._dpull]]
+            self._emb_grad = d[:plan.prefix] if plan.prefix is not None else d[plan.rows]
+            self.counters.bytes_moved["push"] += self._emb_grad.nbytes
             self.timings.memory_s += time.perf_counter() - t0
 
     # ------------------------------------------------------------ public API
@@ -432,8 +435,7 @@ class Engine:
         loss = self._train_pass(batch)
         grads = {n: np.array(self.backend.to_numpy(g)) for n, g in self._grads.items()}
         emb = self.xp.zeros_like(self._params["emb"])
-        tokens, rows = self._emb_grad
-        self.backend.add_rows(emb, tokens, rows, unique=False)
+        self.backend.add_rows_grouped(emb, self._pull_plan.grouped, self._emb_grad)
         grads["emb"] = self.backend.to_numpy(emb)
         return loss, grads
 
@@ -444,8 +446,7 @@ class Engine:
         for name, g in self._grads.items():
             p = self._params[name]
             p -= lr * g
-        tokens, rows = self._emb_grad
-        self.backend.add_rows(self._params["emb"], tokens, -lr * rows, unique=False)
+        self.backend.add_rows_grouped(self._params["emb"], self._pull_plan.grouped, self._emb_grad, -lr)
         self.timings.compute_s += time.perf_counter() - t0
         return loss
 

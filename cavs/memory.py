@@ -86,15 +86,25 @@ def _unique(idx: np.ndarray) -> bool:
 
 
 class PullPlan:
-    """Rows that carry an external input, and their token ids (the embedding lookup)."""
+    """Rows that carry an external input, their token ids, and how to sum their gradients."""
 
-    def __init__(self, sched: Schedule, backend):
-        rows = np.flatnonzero(sched.tokens >= 0)
+    def __init__(self, sched: Schedule, backend, read_tasks: np.ndarray):
+        has = sched.tokens >= 0
+        rows = np.flatnonzero(has)
         self.num_rows = len(rows)
         self.all_rows = len(rows) == sched.num_rows
+        # rows are in task order, so on trees the leaves (with words) are a prefix: one take
+        self.prefix = len(rows) if (rows == np.arange(len(rows))).all() else None
         self.rows = backend.index(rows)
         self.tokens = backend.index(sched.tokens[rows])
-        self.tokens_host = sched.tokens[rows]
+        # rows without input in the tasks that read pull(): the only ones that must hold zeros
+        read_rows = np.repeat(read_tasks, np.diff(sched.bounds))
+        self.zero_rows = backend.index(np.flatnonzero(read_rows & ~has))
+        # the embedding gradient: rows grouped by token (a repeated word sums its rows)
+        order = np.argsort(sched.tokens[rows], kind="stable")
+        unique, starts = np.unique(sched.tokens[rows][order], return_index=True)
+        self.grouped = (backend.index(order), backend.index(starts), backend.index(unique),
+                        backend.index(sched.tokens[rows][order]))
 
 
 class LossPlan:

@@ -63,7 +63,7 @@ def unavailable(system: str, device: str) -> str | None:
         return "cannot run on a GPU"
     if framework and importlib.util.find_spec(framework) is None:
         return f"{framework} is not installed"
-    from baselines import _REGISTRY
+    from baselines import _REGISTRY          # the system's module name, without importing its framework
     module = _REGISTRY[system][0]
     return None if importlib.util.find_spec(module) else f"{module} is not written yet"
 
@@ -94,7 +94,7 @@ def plan(experiment: Experiment, profile: Profile, *, systems=None, panels=None,
                                 "leaves": panel.leaves, "threads": threads, "device": device,
                                 "profile": profile.name, panel.vary: value}
                         cell["samples"] = measured_samples(profile, cell)
-                        cell["warmup_batches"] = profile.warmup_batches
+                        cell["warmup_batches"], cell["repeats"] = profile.warmup_batches, profile.repeats
                         cell["cell_id"] = cell_id(cell)
                         out.cells.append(cell)
     return out

@@ -35,7 +35,8 @@ def failure_note(failed, vary_of_panel: dict, limit: int = 8) -> str:
     for r in failed.itertuples():
         vary = vary_of_panel.get(r.panel, "batch_size")
         extra = "".join(f" {v}" for v in (r.variant, r.mode) if v not in ("default", "train"))
-        items.append(f"({r.panel}) {r.system} {vary}={getattr(r, vary)}{extra}: {r.status}")
+        reason = r.status if len(r.status) <= 90 else r.status[:87] + "..."
+        items.append(f"({r.panel}) {r.system} {vary}={getattr(r, vary)}{extra}: {reason}")
     if not items:
         return ""
     more = f"; and {len(items) - limit} more" if len(items) > limit else ""

@@ -5,6 +5,14 @@ from __future__ import annotations
 import pandas as pd
 
 
+def _cell(s, key, value) -> str:
+    """`-` = not measured (failed or not run), `n/a` = the system cannot measure it (e.g. DyNet memory)."""
+    if key not in s.index:
+        return "-"
+    x = s.loc[key, value]
+    return "n/a" if pd.isna(x) else f"{x:.3g}{'*' if s.loc[key, 'extrapolated'] else ''}"
+
+
 def build(exp, ok) -> pd.DataFrame:
     rows = list(exp.plot["rows"])
     train_first = {"train": 0, "infer": 1}
@@ -13,9 +21,7 @@ def build(exp, ok) -> pd.DataFrame:
     for system in exp.systems:
         for value in exp.plot["values"]:
             s = ok[ok["system"] == system].set_index(rows)
-            cells = [f"{s.loc[k, value]:.3g}{'*' if s.loc[k, 'extrapolated'] else ''}" if k in s.index else "-"
-                     for k in map(tuple, out[rows].to_numpy())]
-            out[f"{system} {value}"] = cells
+            out[f"{system} {value}"] = [_cell(s, k, value) for k in map(tuple, out[rows].to_numpy())]
     return out
 
 
@@ -31,7 +37,8 @@ def write(exp, ok, notes, profile, out_dir):
     df.to_csv(out_dir / f"{exp.name}.csv", index=False)
     lines = [f"## {exp.title}", "", f"Seconds per epoch, profile `{profile}`.", "", markdown(df), ""]
     if ok["extrapolated"].any():
-        lines.append("`*` extrapolated from a measured slice of the epoch (time per sample x epoch samples).")
+        lines.append("`*` extrapolated from a measured slice of the epoch (time per sample x epoch samples); "
+                     "`-` not measured; `n/a` not measurable by that system.")
     lines += [n for n in notes if n]
     (out_dir / f"{exp.name}.md").write_text("\n".join(lines) + "\n")
     return [out_dir / f"{exp.name}.md", out_dir / f"{exp.name}.csv"]

@@ -32,6 +32,12 @@ class CupyBackend:
         else:
             cupyx.scatter_add(dst, idx, src)
 
+    def add_rows_grouped(self, dst, grouped, src, scale=1.0):
+        """dst[token] += scale * (sum of src rows of that token): atomic adds on the device."""
+        order, _, _, tokens_sorted = grouped
+        if len(order):
+            cupyx.scatter_add(dst, tokens_sorted, src[order] * scale)
+
     def stream(self, chunks):
         """Launches `chunks` on a second CUDA stream, one event per chunk; wait(k) makes the
         current stream wait for chunk k on the device (the host does not block)."""

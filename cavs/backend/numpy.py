@@ -32,6 +32,15 @@ class NumpyBackend:
         else:
             np.add.at(dst, idx, src)
 
+    def add_rows_grouped(self, dst, grouped, src, scale=1.0):
+        """dst[token] += scale * (sum of src rows of that token): one sorted segment sum."""
+        order, starts, unique, _ = grouped
+        if len(unique):
+            sums = np.add.reduceat(src[order], starts, axis=0)
+            if scale != 1.0:
+                sums *= scale
+            dst[unique] += sums
+
     def stream(self, chunks):
         """Runs `chunks` (lists of closures) in order on a worker thread: the CPU's second stream.
 

@@ -1,0 +1,121 @@
+"""The engine's speed against DyNet, TensorFlow and the GEMM-bound floor (issues 2 and 3).
+
+    python -m experiments.bench [--results DIR] [--hidden 64,256,512] [--repeats 3]
+
+Tree-LSTM: training on the first 512 SST training trees (file order), bs = 64, one thread,
+h in 64/256/512: Cavs (default switches, and each switch combination of interest) and DyNet
+with autobatching. Var-LSTM: the first 2048 PTB training sentences, bs = 64, h = 256: Cavs,
+DyNet, TensorFlow. Every measurement runs in its own subprocess (experiments.cell: one warm-up
+batch, then the fastest of `repeats` timed passes). The floor is the multiply-adds the workload
+needs (cell matmuls on the rows that have those inputs, the output layer, times 3 for forward,
+input gradient and weight gradient) divided by this machine's single-thread float32 matmul rate,
+measured here in its own subprocess. Prints one table with the ratios; writes DIR/bench.csv.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .cell import RESULT_MARK
+
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "NUMBA_NUM_THREADS": "1"}
+CAVS_VARIANTS = {
+    "cavs": {},
+    "cavs (fusion)": {"fusion": True},
+    "cavs (streaming)": {"streaming": True},
+    "cavs (no lazy, no eager)": {"lazy": False, "eager": False},
+}
+
+
+def run_cell(system: str, workload: str, hidden: int, samples: int, options: dict, repeats: int) -> dict:
+    spec = {"system": system, "workload": workload, "hidden": hidden, "batch_size": 64, "mode": "train",
+            "threads": 1, "leaves": 256, "device": "cpu", "options": options, "samples": samples,
+            "warmup_batches": 1, "repeats": repeats, "order": "file"}
+    import os
+    env = {**os.environ, **THREAD_ENV}
+    proc = subprocess.run([sys.executable, "-m", "experiments.cell", json.dumps(spec)], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_MARK):
+            return json.loads(line[len(RESULT_MARK):])
+    return {"status": f"failed: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"}
+
+
+def matmul_rate() -> float:
+    """Single-thread float32 GEMM rate (flop/s), in a fresh subprocess with one BLAS thread."""
+    code = ("import numpy as np, time\n"
+            "a = np.random.rand(2048, 1024).astype(np.float32); b = np.random.rand(1024, 2560).astype(np.float32)\n"
+            "a @ b\nbest = 1e9\n"
+            "for _ in range(5):\n    t = time.perf_counter(); a @ b; best = min(best, time.perf_counter() - t)\n"
+            "print(2 * 2048 * 1024 * 2560 / best)\n")
+    import os
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **THREAD_ENV},
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def needed_macs(workload: str, hidden: int, samples: list) -> float:
+    """Training multiply-adds of the matmuls the workload needs (3 x forward)."""
+    import cavs
+    s = cavs.workloads.sizes(workload, hidden)
+    graphs = [cavs.workloads.to_graph(workload, x, i) for i, x in enumerate(samples)]
+    with_input = sum(int((g.tokens >= 0).sum()) for g in graphs)
+    with_children = sum(int((g.children >= 0).any(axis=1).sum()) for g in graphs)
+    labelled = sum(int((g.labels >= 0).sum()) for g in graphs)
+    gates = {"tree_lstm": 5, "var_lstm": 4, "fixed_lstm": 4, "tree_fc": 1}[workload]
+    state_in = {"tree_lstm": 2, "tree_fc": 2}.get(workload, 1) * hidden
+    forward = with_input * s.embed * gates * hidden * (workload != "tree_fc") \
+        + with_children * state_in * gates * hidden + labelled * hidden * s.classes
+    return 3.0 * forward
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", default="results")
+    ap.add_argument("--hidden", default="64,256,512", help="Tree-LSTM hidden sizes")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--variants", default="all", help="'all' or 'default' (Cavs switch variants)")
+    args = ap.parse_args(argv)
+    import cavs
+    import pandas as pd
+
+    rate = matmul_rate()
+    rows = []
+    variants = CAVS_VARIANTS if args.variants == "all" else {"cavs": {}}
+    jobs = [("tree_lstm", int(h), 512) for h in args.hidden.split(",")] + [("var_lstm", 256, 2048)]
+    for workload, hidden, count in jobs:
+        floor = needed_macs(workload, hidden, cavs.datasets.load_samples(workload, limit=count)) * 2 / rate
+        systems = [(name, "cavs", opts) for name, opts in variants.items()] + [("dynet", "dynet", {})]
+        if workload == "var_lstm":
+            systems.append(("tensorflow", "tensorflow", {}))
+        for label, system, options in systems:
+            t0 = time.perf_counter()
+            r = run_cell(system, workload, hidden, count, options, args.repeats)
+            print(f"  {workload} h={hidden} {label}: {r.get('total_s', float('nan')):.3f} s "
+                  f"({r['status']}, {time.perf_counter() - t0:.0f} s wall)", flush=True)
+            rows.append({"workload": workload, "hidden": hidden, "samples": count, "system": label,
+                         "options": json.dumps(options), "threads": 1, "floor_s": floor, **r})
+    df = pd.DataFrame(rows)
+    for (workload, hidden), g in df.groupby(["workload", "hidden"], sort=False):
+        cavs_s = g.loc[g.system == "cavs", "total_s"].iloc[0]
+        df.loc[g.index, "cavs_speedup"] = g.total_s / cavs_s          # system time / Cavs time
+        df.loc[g.index, "over_floor"] = g.total_s / g.floor_s
+    out = Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    df.assign(matmul_gflops=rate / 1e9).to_csv(out / "bench.csv", index=False)
+    cols = ["workload", "hidden", "system", "total_s", "construct_s", "compute_s", "floor_s",
+            "cavs_speedup", "over_floor", "status"]
+    print(f"\nsingle-thread float32 matmul rate: {rate / 1e9:.1f} GFLOP/s")
+    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return 0 if (df.status == "ok").all() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,14 +17,12 @@ class CavsSystem(System):
     name = "cavs"
 
     def __init__(self, workload, *, policy="batched", backend=None, lazy=True, eager=True,
-                 fusion=None, streaming=False, **kwargs):
+                 fusion=None, streaming=None, **kwargs):
         super().__init__(workload, **kwargs)
         self.model = cavs.models.build(workload, hidden=self.hidden, seed=self.seed, dtype=self.dtype,
                                        leaves=self.leaves)
         backend = backend or ("cupy" if self.device == "cuda" else "numpy")
-        options = dict(lazy=lazy, eager=eager, streaming=streaming)
-        if fusion is not None:
-            options["fusion"] = fusion
+        options = dict(lazy=lazy, eager=eager, fusion=fusion, streaming=streaming)   # None: engine default
         self.engine = cavs.Engine(self.model, backend=backend, policy=policy, threads=self.threads, **options)
         self.timings.memory_s = 0.0
         self.timings.extra.update(backend=backend, policy=policy, **self.engine.options)

@@ -52,8 +52,8 @@ class Graph:
         return self.children.shape[1]
 
 
-def validate(g: Graph, arity: int | None = None) -> None:
-    """Checks ranges, arity and acyclicity; raises InputError naming sample and vertex."""
+def validate(g: Graph, arity: int | None = None, acyclic: bool = True) -> None:
+    """Checks ranges, arity and (unless acyclic=False) acyclicity; errors name sample and vertex."""
     n = g.num_vertices
     if n == 0:
         raise InputError(f"{g.name}: empty graph (no vertices)")
@@ -70,12 +70,16 @@ def validate(g: Graph, arity: int | None = None) -> None:
         v, k = (int(x) for x in np.argwhere(bad)[0])
         raise InputError(f"{g.name}: vertex {v} child {k} is {int(g.children[v, k])}, "
                          f"out of range for a graph of {n} vertices")
-    if (g.children == np.arange(n)[:, None]).any():
-        v = int(np.argwhere(g.children == np.arange(n)[:, None])[0][0])
-        raise InputError(f"{g.name}: vertex {v} is its own child (a cycle)")
-    unplaced = np.flatnonzero(levels(g.children) < 0)
+    if acyclic:
+        _raise_on_cycle(levels(g.children), [g.name], np.array([0, n]))
+
+
+def _raise_on_cycle(level: np.ndarray, names: list[str], offsets: np.ndarray) -> None:
+    unplaced = np.flatnonzero(level < 0)
     if len(unplaced):
-        raise InputError(f"{g.name}: the graph has a cycle; vertex {int(unplaced[0])} is on it or above it")
+        v = int(unplaced[0])
+        i = int(np.searchsorted(offsets, v, side="right")) - 1
+        raise InputError(f"{names[i]}: the graph has a cycle; vertex {v - int(offsets[i])} is on it or above it")
 
 
 def levels(children: np.ndarray) -> np.ndarray:
@@ -245,6 +249,7 @@ class Forest:
     sample: np.ndarray     # (N,) index of the sample each vertex belongs to
     offsets: np.ndarray    # (num_samples + 1,) first global id of each sample
     names: list[str]
+    level: np.ndarray      # (N,) longest path from a leaf (the batched scheduler's frontier)
 
     @property
     def num_vertices(self) -> int:
@@ -256,19 +261,23 @@ class Forest:
 
 
 def make_forest(graphs: list[Graph], arity: int) -> Forest:
-    """Validates every graph against the vertex function's arity and concatenates them."""
+    """Validates every graph against the vertex function's arity and concatenates them; the
+    acyclicity check runs once over the whole batch (its levels are the schedule's frontiers)."""
     if not graphs:
         raise InputError("empty batch: no samples were given")
     for g in graphs:
-        validate(g, arity)
+        validate(g, arity, acyclic=False)
     sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     children = np.full((offsets[-1], arity), -1, dtype=np.int64)
     for i, g in enumerate(graphs):
         c = g.children[:, :arity]
         children[offsets[i]:offsets[i + 1], :c.shape[1]] = np.where(c >= 0, c + offsets[i], -1)
+    names = [g.name for g in graphs]
+    level = levels(children)
+    _raise_on_cycle(level, names, offsets)
     return Forest(children,
                   np.concatenate([g.tokens for g in graphs]),
                   np.concatenate([g.labels for g in graphs]),
                   np.repeat(np.arange(len(graphs)), sizes),
-                  offsets, [g.name for g in graphs])
+                  offsets, names, level)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graphs import Forest, levels
+from .graphs import Forest
 
 POLICIES = ("batched", "serial")
 
@@ -43,7 +43,7 @@ class Schedule:
 def schedule(forest: Forest, policy: str = "batched") -> Schedule:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
-    level = levels(forest.children)          # forest graphs are validated acyclic
+    level = forest.level                     # computed (and checked acyclic) by make_forest
     n = forest.num_vertices
     if policy == "batched":
         order = np.argsort(level, kind="stable")

@@ -135,8 +135,9 @@ def test_malformed_tree_names_the_line(line, message):
 def test_errors_name_sample_and_vertex():
     model = cavs.models.build("tree_fc", hidden=4, leaves=4)
     cyclic = Graph(np.array([[-1, -1], [0, 2], [1, -1]]), np.array([1, -1, -1]), np.array([-1, -1, 0]), "sample 3")
+    fine = Graph(np.array([[-1, -1], [-1, -1], [0, 1]]), np.array([1, 2, -1]), np.array([-1, -1, 0]), "sample 2")
     with pytest.raises(cavs.InputError, match="sample 3: the graph has a cycle; vertex 1"):
-        make_forest([cyclic], 2)
+        make_forest([fine, cyclic], 2)
     out_of_range = Graph(np.array([[-1, -1], [0, 5]]), np.array([1, -1]), np.array([-1, 0]), "sample 0")
     with pytest.raises(cavs.InputError, match="sample 0: vertex 1 child 1 is 5, out of range"):
         make_forest([out_of_range], 2)

@@ -34,14 +34,25 @@ STRATEGIES = {1: "agenda", 2: "depth"}
 _state = {}   # the process's DyNet: "dy" (module), "flag" (ctypes view of autobatch_flag)
 
 
-def _dynet(autobatch: int, seed: int):
+def pool_mb(workload: str, hidden: int, batch_size: int, leaves: int) -> int:
+    """DyNet's memory pools for one batch: autobatching cannot grow them, and reserving (touching)
+    far more than needed costs seconds per process (8 GB: 20 s), so size them from the batch:
+    vertices x floats per vertex (gates, states, logits; forward and backward), with margin."""
+    vertices = {"fixed_lstm": 64, "var_lstm": 84, "tree_fc": 2 * leaves, "tree_lstm": 120}[workload] * batch_size
+    classes = 10_000 if workload.endswith("lstm") and workload != "tree_lstm" else 5
+    floats = 24 * hidden + 3 * classes + 300
+    return int(min(16_000, max(1024, 2 * 4 * vertices * floats / 2**20 + 512)))
+
+
+def _dynet(autobatch: int, seed: int, mem_mb: int):
     """Imports DyNet configured for autobatching (once per process); returns the module."""
     if "dy" not in _state:
         import dynet_config
         if "dynet" not in sys.modules and dynet_config.get() is None:
             # the seed only affects DyNet's own initializers, which set_params overwrites
             # autobatching cannot grow DyNet's memory pools on the fly: reserve them up front
-            dynet_config.set(autobatch=autobatch, random_seed=seed, mem=os.environ.get("CAVS_DYNET_MEM", "8192"))
+            dynet_config.set(autobatch=autobatch, random_seed=seed,
+                             mem=os.environ.get("CAVS_DYNET_MEM", str(mem_mb)))
         import dynet
         conf = dynet_config.get() or {}
         if not conf.get("autobatch"):
@@ -71,7 +82,7 @@ class DynetSystem(System):
         if self.dtype != "float32":
             raise ValueError(f"DyNet computes in float32 only, got dtype {self.dtype!r}")
         self.autobatch = autobatch
-        self.dy = dy = _dynet(autobatch, self.seed)
+        self.dy = dy = _dynet(autobatch, self.seed, pool_mb(workload, self.hidden, self.batch_size, self.leaves))
         self.sizes = workloads.sizes(self.workload, self.hidden, self.leaves)
         self.shapes = workloads.param_shapes(self.workload, self.sizes)
         self.model = dy.ParameterCollection()

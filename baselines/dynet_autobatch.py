@@ -41,7 +41,7 @@ def pool_mb(workload: str, hidden: int, batch_size: int, leaves: int) -> int:
     vertices = {"fixed_lstm": 64, "var_lstm": 84, "tree_fc": 2 * leaves, "tree_lstm": 120}[workload] * batch_size
     classes = 10_000 if workload.endswith("lstm") and workload != "tree_lstm" else 5
     floats = 24 * hidden + 3 * classes + 300
-    return int(min(16_000, max(1024, 2 * 4 * vertices * floats / 2**20 + 512)))
+    return int(min(16_000, max(1024, 4 * 4 * vertices * floats / 2**20 + 512)))
 
 
 def _dynet(autobatch: int, seed: int, mem_mb: int):

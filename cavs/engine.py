@@ -21,7 +21,6 @@ import time
 from collections.abc import MutableMapping
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from . import fusion
 from .backend import get_backend
@@ -118,7 +117,9 @@ class Engine:
                         "fusion": on_gpu if fusion is None else fusion,
                         "streaming": on_gpu if streaming is None else streaming}
         self.xp = self.backend.xp
-        self._threads = threadpool_limits(threads) if threads else None
+        if threads:      # BLAS threads for this process (the benchmarks pin 1)
+            from threadpoolctl import threadpool_limits
+            self._threads = threadpool_limits(threads)
         self.dtype = np.dtype(model.dtype)
         self._params = {k: self.backend.asarray(v, dtype=self.dtype) for k, v in model.init_params().items()}
         self.params = ParamView(self)
@@ -139,12 +140,10 @@ class Engine:
                 self._tensors[n] = DynamicTensor(self.backend, n.shape[0], self.dtype)
         self._state = F.scatter.inputs[0]
         self._pushed = F.push.inputs[0] if F.push is not None else None
-        self._pull = next((n for n in F.nodes if n.op == "pull"), None)
         self._dstate = next(n for n in dF.nodes if n.op == "gather_grad_state")
         self._dpush = next((n for n in dF.nodes if n.op == "pull_grad_output"), None)
         self._dpull = next((n.inputs[0] for n in dF.nodes if n.op == "push_grad_input"), None)
         self._pulls = [n for n in F.nodes if n.op == "pull"]
-        self._reduce = [n for n in dF.nodes if OPS[n.op].kind == "reduce"]
 
         self._arrays: list = [None] * len(nodes)
         self._rows_bound = -1
@@ -385,7 +384,7 @@ class Engine:
     # ------------------------------------------------------------ forward, loss, backward
 
     def _forward(self, want_grad: bool):
-        xp, A, n_rows = self.xp, self._arrays, self._sched.num_rows
+        A = self._arrays
         t0 = time.perf_counter()
         for p in self._pulls:                # F's entry: the embedding lookup fills the pull buffer
             buf, plan = A[self._slot[p]], self._pull_plan

@@ -31,6 +31,9 @@ class SourceLine(str):
         obj.origin = origin
         return obj
 
+    def __reduce__(self):            # picklable, e.g. for Fold-N's preprocessing workers
+        return SourceLine, (str(self), self.origin)
+
 
 def origin_of(sample, index: int) -> str:
     return getattr(sample, "origin", None) or f"sample {index}"

@@ -20,12 +20,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from .cell import RESULT_MARK
 
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}
+ALL_SYSTEMS = {
+    "tree_lstm": ("cavs", "cavs-serial", "dynet", "dynet-depth", "fold", "fold-n", "pytorch"),
+    "var_lstm": ("cavs", "cavs-serial", "dynet", "dynet-depth", "tensorflow", "cudnn", "pytorch"),
+}
 CAVS_VARIANTS = {
     "cavs": {},
     "cavs (fusion)": {"fusion": True},
@@ -83,6 +86,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per cell (fastest kept)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the systems")
     ap.add_argument("--variants", default="all", help="'all' or 'default' (Cavs switch variants)")
+    ap.add_argument("--all-systems", action="store_true",
+                    help="every system instead of the Cavs variants (writes bench-systems.csv)")
     args = ap.parse_args(argv)
     import cavs
     import pandas as pd
@@ -93,9 +98,12 @@ def main(argv=None):
     jobs = [("tree_lstm", int(h), 512) for h in args.hidden.split(",")] + [("var_lstm", 256, 2048)]
     for workload, hidden, count in jobs:
         floor = needed_macs(workload, hidden, cavs.datasets.load_samples(workload, limit=count)) * 2 / rate
-        systems = [(name, "cavs", opts) for name, opts in variants.items()] + [("dynet", "dynet", {})]
-        if workload == "var_lstm":
-            systems.append(("tensorflow", "tensorflow", {}))
+        if args.all_systems:        # issue 4's table: every system of the harness
+            systems = [(name, name, {}) for name in ALL_SYSTEMS[workload]]
+        else:
+            systems = [(name, "cavs", opts) for name, opts in variants.items()] + [("dynet", "dynet", {})]
+            if workload == "var_lstm":
+                systems.append(("tensorflow", "tensorflow", {}))
         # rounds interleave the systems, so a slow spell of a shared machine hits all of them;
         # each system keeps its fastest round
         best = {}
@@ -116,7 +124,8 @@ def main(argv=None):
         df.loc[g.index, "over_floor"] = g.total_s / g.floor_s
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
-    df.assign(matmul_gflops=rate / 1e9).to_csv(out / "bench.csv", index=False)
+    name = "bench-systems.csv" if args.all_systems else "bench.csv"
+    df.assign(matmul_gflops=rate / 1e9).to_csv(out / name, index=False)
     cols = ["workload", "hidden", "system", "total_s", "construct_s", "compute_s", "floor_s",
             "cavs_speedup", "over_floor", "status"]
     print(f"\nsingle-thread float32 matmul rate: {rate / 1e9:.1f} GFLOP/s")

@@ -7,7 +7,6 @@ import pytest
 
 import cavs
 from cavs.graphs import Graph, make_forest
-from cavs.models import Batch
 from tests.conftest import backend_name
 
 torch = pytest.importorskip("torch")

@@ -137,6 +137,21 @@ def run_cell(cell: dict, time_limit_s: float, log_dir: Path) -> dict:
     return result
 
 
+def _check_same_machine(results_dir: Path) -> None:
+    """Resuming skips measured cells, so it must never mix machines in one CSV: results/ holds the
+    reference machine's numbers, and another kind of machine is told to measure into its own dir."""
+    recorded = results_dir / "environment.json"
+    if not recorded.exists() or os.environ.get("CAVS_ALLOW_OTHER_MACHINE"):
+        return
+    theirs, ours = json.loads(recorded.read_text()), environment.collect(1, "")
+    keys = ("cpu_model", "cpu_count", "gpu")
+    if any(theirs.get(k) != ours.get(k) for k in keys):
+        was = ", ".join(str(theirs.get(k)) for k in keys)
+        now = ", ".join(str(ours.get(k)) for k in keys)
+        sys.exit(f"{results_dir} holds results measured on another machine ({was}; this one: {now}). "
+                 f"Measure into a directory of your own, e.g. `make fig8 RESULTS=results/mine`.")
+
+
 def run(experiment: Experiment, profile: Profile, results_dir, *, systems=None, panels=None, threads: int = 1,
         time_limit_s: float | None = None, budget_s: float | None = None, retry_failed: bool = False,
         progress: bool = True) -> dict:
@@ -149,6 +164,7 @@ def run(experiment: Experiment, profile: Profile, results_dir, *, systems=None, 
     the_plan = plan(experiment, profile, systems=systems, panels=panels, threads=threads)
     for system, why in the_plan.skipped.items():
         print(f"skipped {system}: {why}", file=sys.stderr)
+    _check_same_machine(results_dir)
     done = results.done_ids(path)
     todo = sorted((c for c in the_plan.cells if c["cell_id"] not in done), key=lambda c: estimate_s([c], profile))
     limit = time_limit_s or profile.time_limit_s

@@ -201,3 +201,12 @@ def test_ci_compare_fails_only_past_the_tolerance():
     assert not ok and verdicts == {"tree_lstm/dynet": "REGRESSION", "var_lstm/tensorflow": "ok",
                                    "tree_fc/fold": "not measured"}
     assert ci_bench.compare({}, {"tree_fc/dynet": 1.0}) == ([("tree_fc/dynet", None, 1.0, None, "new")], True)
+
+
+def test_resuming_never_mixes_machines(tmp_path):
+    """results/ holds the reference machine's rows: another machine must measure into its own dir."""
+    (tmp_path / "environment.json").write_text(json.dumps({"cpu_model": "another CPU", "cpu_count": 64, "gpu": None}))
+    with pytest.raises(SystemExit, match="measured on another machine"):
+        runner._check_same_machine(tmp_path)
+    runner.environment.write(tmp_path, 1, "quick")         # this machine's record: resuming is fine
+    runner._check_same_machine(tmp_path)

@@ -437,7 +437,7 @@ class Engine:
 
     def loss_and_grads(self, batch):
         """(loss, {parameter name: gradient as a numpy array}) for one batch."""
-        loss = self._train_pass(batch)
+        loss = self._pass(batch)
         grads = {n: np.array(self.backend.to_numpy(g)) for n, g in self._grads.items()}
         emb = self.xp.zeros_like(self._params["emb"])
         self.backend.add_rows_grouped(emb, self._pull_plan.grouped, self._emb_grad)
@@ -446,7 +446,7 @@ class Engine:
 
     def step(self, batch, lr: float = LEARNING_RATE) -> float:
         """One SGD step on the summed loss of the batch; returns the loss before the update."""
-        loss = self._train_pass(batch)
+        loss = self._pass(batch)
         t0 = time.perf_counter()
         for name, g in self._grads.items():
             p = self._params[name]
@@ -457,22 +457,18 @@ class Engine:
 
     def infer(self, batch) -> float:
         """Forward and loss only."""
-        self._prepare(batch)
-        self.counters.reset()
-        t0 = time.perf_counter()
-        loss = self._forward(want_grad=False)
-        self.backend.synchronize()
-        self.timings.compute_s += time.perf_counter() - t0
-        return loss
+        return self._pass(batch, train=False)
 
-    def _train_pass(self, batch) -> float:
+    def _pass(self, batch, train: bool = True) -> float:
         self._prepare(batch)
         self.counters.reset()
         t0 = time.perf_counter()
-        for g in self._grads.values():
-            g.fill(0)
-        loss = self._forward(want_grad=True)
-        self._backward()
+        if train:
+            for g in self._grads.values():
+                g.fill(0)
+        loss = self._forward(want_grad=train)
+        if train:
+            self._backward()
         self.backend.synchronize()
         self.timings.compute_s += time.perf_counter() - t0
         return loss

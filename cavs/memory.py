@@ -120,4 +120,3 @@ class LossPlan:
         self.all_rows = len(rows) == sched.num_rows
         self.rows = backend.index(rows)
         self.labels = backend.index(sched.labels[rows])
-        self.count = len(rows)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from cavs import datasets
-from cavs.graphs import Graph, InputError, SourceLine, levels
+from cavs.graphs import Graph, InputError, levels
 from .pytorch_sample import CELLS, TorchSystem, build_graphs, state_width, summed_cross_entropy
 
 
@@ -83,7 +83,6 @@ def merge(schedules: list[list[Level]]) -> list[Level]:
 
 def _schedule_chunk(workload: str, samples: list, arity: int, first_index: int) -> list[list[Level]]:
     """A Fold-N worker's share: its samples' graphs and schedules."""
-    samples = [SourceLine(s, origin) if origin is not None else s for s, origin in samples]
     return [schedule(g) for g in build_graphs(workload, samples, arity, first_index)]
 
 
@@ -135,10 +134,8 @@ class FoldSystem(TorchSystem):
             if self.pool is None:
                 schedules = [schedule(g) for g in build_graphs(self.workload, samples, arity)]
             else:
-                # SourceLine does not survive pickling (its __new__ needs the origin): send the pair
-                portable = [(str(s), s.origin) if isinstance(s, SourceLine) else (s, None) for s in samples]
                 size = -(-len(samples) // self.workers)   # ceil: at most one chunk per worker
-                futures = [self.pool.submit(_schedule_chunk, self.workload, portable[a:a + size], arity, a)
+                futures = [self.pool.submit(_schedule_chunk, self.workload, samples[a:a + size], arity, a)
                            for a in range(0, len(samples), size)]
                 schedules = [s for f in futures for s in f.result()]
             batch = self.to_device(merge(schedules), len(samples))

@@ -24,10 +24,6 @@ class FusedGroup:
     outputs: list[Node]      # members read outside the group: materialized
     width: int
 
-    @property
-    def name(self) -> str:
-        return "fused[" + ",".join(n.op for n in self.nodes) + "]"
-
 
 def _find(parent, x):
     while parent[x] is not x:

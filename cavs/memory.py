@@ -97,7 +97,6 @@ class PullPlan:
         has = sched.tokens >= 0
         rows = np.flatnonzero(has)
         self.num_rows = len(rows)
-        self.all_rows = len(rows) == sched.num_rows
         # rows are in task order, so on trees the leaves (with words) are a prefix: one take
         self.prefix = len(rows) if (rows == np.arange(len(rows))).all() else None
         self.rows = backend.index(rows)

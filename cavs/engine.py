@@ -68,6 +68,24 @@ def phases(nodes: list[Node], sources: set, sinks: set) -> dict[Node, str]:
     return out
 
 
+def concat_homes(nodes: list[Node]) -> dict[Node, tuple[Node, int]]:
+    """Concat elision: {part: (concat, first column)} for each concat input that an op of F or
+    dF writes (not a view of another buffer, not a message): it is stored in its concat's
+    columns, so producing it fills the concat and the concat copies only its other parts
+    (nothing, for [h; c] and the gate gradients of the LSTM cells). A part goes to its first
+    concat only."""
+    home = {}
+    for n in nodes:
+        if n.op != "concat":
+            continue
+        col = 0
+        for p in n.inputs:
+            if OPS[p.op].kind in ("compute",) and p not in home and p is not n:
+                home[p] = (n, col)
+            col += p.shape[0]
+    return home
+
+
 class ParamView(MutableMapping):
     """engine.params: {name: numpy array}; assigning an array sets the weights."""
 
@@ -109,17 +127,18 @@ class Engine:
             raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
         self.model, self.policy = model, policy
         self.backend = get_backend(backend)
-        # defaults = the fastest combination measured (README): on the CPU, NumPy's SIMD loops beat
-        # the generated Numba kernels and a second thread's contention outweighs streaming; on the
-        # GPU, launches dominate and fusion and a second stream are the paper's gains
+        # defaults = the fastest combination measured (README): fusion everywhere (on the CPU the
+        # generated Numba kernels beat NumPy's per-op loops 3-4x on the cell's elementwise work);
+        # streaming only on the GPU (on the CPU a second thread's contention outweighs the overlap)
         on_gpu = self.backend.name == "cupy"
         self.options = {"lazy": lazy, "eager": eager,
-                        "fusion": on_gpu if fusion is None else fusion,
+                        "fusion": True if fusion is None else fusion,
                         "streaming": on_gpu if streaming is None else streaming}
         self.xp = self.backend.xp
         if threads:      # BLAS threads for this process (the benchmarks pin 1)
             from threadpoolctl import threadpool_limits
             self._threads = threadpool_limits(threads)
+            self.backend.set_threads(threads)
         self.dtype = np.dtype(model.dtype)
         self._params = {k: self.backend.asarray(v, dtype=self.dtype) for k, v in model.init_params().items()}
         self.params = ParamView(self)
@@ -134,9 +153,14 @@ class Engine:
     def _compile(self, F, dF: GradientFunction):
         nodes = F.nodes + dF.nodes
         self._slot = {n: i for i, n in enumerate(nodes)}
+        self._home = concat_homes(nodes)
+        # concats whose parts all live in their columns: nothing to copy (a zero-fill still runs
+        # on tasks where the concat is known zero, as its parts are then skipped)
+        self._elided = {n for n in nodes if n.op == "concat"
+                        and all(self._home.get(p, (None,))[0] is n for p in n.inputs)}
         self._tensors: dict[Node, DynamicTensor] = {}
         for n in nodes:
-            if n.is_vertex and n.op not in ("slice",):
+            if n.is_vertex and n.op != "slice" and n not in self._home:
                 self._tensors[n] = DynamicTensor(self.backend, n.shape[0], self.dtype)
         self._state = F.scatter.inputs[0]
         self._pushed = F.push.inputs[0] if F.push is not None else None
@@ -146,6 +170,7 @@ class Engine:
         self._pulls = [n for n in F.nodes if n.op == "pull"]
 
         self._arrays: list = [None] * len(nodes)
+        self._based: list = [None] * len(nodes)      # fusion on the CPU: (buffer, column) per value
         self._rows_bound = -1
         fwd = phases(F.nodes, {n for n in F.nodes if n.op == "gather"}, {F.scatter})
         bwd = phases(dF.nodes, {self._dstate}, {n for n in dF.nodes if n.op == "scatter_grad_child"})
@@ -158,6 +183,7 @@ class Engine:
         self.backward_phases = self._phase_items(dF.nodes, bwd)
         self._fns = {}            # (node, action) -> closure
         self._task_fns = {}       # loop signature -> closures, shared by tasks alike in what they skip
+        self._subgroups = {}      # (fused group, its computing members) -> the smaller fused group
 
     def _phase_items(self, nodes, phase_of) -> dict[str, list]:
         """Per phase, its ops in topological order (switched-off phases fold into the loop);
@@ -173,26 +199,44 @@ class Engine:
 
     def _compute_fn(self, n: Node):
         """A closure running node n on rows [a, b) of task t."""
-        xp, A, kernels = self.xp, self._arrays, self.counters.kernels
+        be, A, kernels = self.backend, self._arrays, self.counters.kernels
         o, op = self._slot[n], n.op
         if op == "gather":
             return self._gather_step(n)
         if op == "scatter_grad_child":
             return self._scatter_grad_step(n)
+        if op == "concat":
+            return self._concat_step(n)
         run = OPS[op].run
         ins = [(self._slot[i], i.is_param) for i in n.inputs]
         if OPS[op].kind == "reduce":
             grad = self._grads[n.attrs["param"]]
 
             def reduce_step(a, b, t):
-                run(xp, grad, *[A[s] if p else A[s][a:b] for s, p in ins])
+                run(be, grad, *[A[s] if p else A[s][a:b] for s, p in ins])
                 kernels[op] += 1
             return reduce_step
 
         def step(a, b, t):
-            run(xp, A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
+            run(be, A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
             kernels[op] += 1
         return step
+
+    def _concat_step(self, n: Node):
+        """Copies the parts that are not stored in the concat's columns already (concat_homes)."""
+        A, kernels, o = self._arrays, self.counters.kernels, self._slot[n]
+        copies, col = [], 0
+        for p in n.inputs:
+            if self._home.get(p) != (n, col):
+                copies.append((self._slot[p], col, col + p.shape[0]))
+            col += p.shape[0]
+
+        def concat(a, b, t):
+            out = A[o]
+            for s, c0, c1 in copies:
+                out[a:b, c0:c1] = A[s][a:b]
+            kernels["concat"] += 1
+        return concat
 
     def _fused_fn(self, g: "fusion.FusedGroup"):
         """One generated kernel for a group: reads its inputs' rows, writes its outputs' rows."""
@@ -208,9 +252,19 @@ class Engine:
                 kernels["fused"] += 1
             return fused_gpu
         kernel = fusion.compile_numba(fusion.numba_source(g), self.dtype.name)
+        based = self._based
+        params = {s for i, s in zip(g.inputs, ins) if i.is_param}
 
         def fused(a, b, t):
-            kernel(a, b, *[A[s] for s in ins], *[A[s] for s in outs])
+            args = []
+            for s in ins:
+                if s in params:
+                    args.append(A[s])
+                else:
+                    args += based[s]
+            for s in outs:
+                args += based[s]
+            kernel(a, b, *args)
             kernels["fused"] += 1
         return fused
 
@@ -291,6 +345,9 @@ class Engine:
                     A[i] = self._params[n.attrs["name"]]
                 elif n in self._tensors:
                     A[i] = self._tensors[n].buffer
+            for n in self._slot:               # concat parts: views of their concat's columns
+                if n in self._home:
+                    A[self._slot[n]] = self._home_view(n)
             for n, i in self._slot.items():   # views: slices of their input's columns
                 if n.op == "slice":
                     A[i] = A[self._slot[n.inputs[0]]][:, n.attrs["start"]:n.attrs["stop"]]
@@ -298,6 +355,24 @@ class Engine:
         for n, i in self._slot.items():        # parameters may have been reassigned
             if n.is_param:
                 self._arrays[i] = self._params[n.attrs["name"]]
+        if self.options["fusion"] and self.backend.name == "numpy":
+            self._bind_bases()
+
+    def _bind_bases(self):
+        """For the CPU's fused kernels: each vertex value as (its C-contiguous buffer, first column)."""
+        A, itemsize = self._arrays, self.dtype.itemsize
+        for n, i in self._slot.items():
+            a = A[i]
+            if a is None or n.is_param:
+                continue
+            root = a if a.base is None else a.base
+            col = (a.__array_interface__["data"][0] - root.__array_interface__["data"][0]) // itemsize
+            self._based[i] = (root, col)
+
+    def _home_view(self, n: Node):
+        concat, col = self._home[n]
+        base = self._home_view(concat) if concat in self._home else self._tensors[concat].buffer
+        return base[:, col:col + n.shape[0]]
 
     def _fn(self, item, action: int):
         key = (item, action)
@@ -312,11 +387,20 @@ class Engine:
         """Closures for one item given each member's action: a fused group runs as one kernel
         where all its members compute, and member by member elsewhere."""
         if isinstance(item, fusion.FusedGroup):
-            if all(action_of(m) == COMPUTE for m in item.nodes):
+            computing = tuple(m for m in item.nodes if action_of(m) == COMPUTE)
+            if len(computing) == len(item.nodes):
                 return [self._fn(item, COMPUTE)]
-            return [f for m in item.nodes for f in self._item_fns(m, action_of)]
+            # e.g. at the leaves, where the forget gates are skipped: zero-fill what must read as
+            # zero, then one kernel for the members that compute (it reads the zero-filled ones)
+            zeros = [self._fn(m, ZERO) for m in item.nodes if action_of(m) == ZERO]
+            if len(computing) < 2:
+                return zeros + [self._fn(m, COMPUTE) for m in computing]
+            key = (item, computing)
+            if key not in self._subgroups:
+                self._subgroups[key] = fusion.describe(list(computing), self._consumers)
+            return zeros + [self._fn(self._subgroups[key], COMPUTE)]
         a = action_of(item)
-        return [] if a == SKIP else [self._fn(item, a)]
+        return [] if a == SKIP or (a == COMPUTE and item in self._elided) else [self._fn(item, a)]
 
     def _plan(self, phase_items) -> dict:
         """This batch's work: (closure, a, b) for whole-batch phases, closures per loop task."""
@@ -333,6 +417,8 @@ class Engine:
                 for action, targets in masks.items():
                     for target in targets:
                         mask = act[members[0] if target is item else target] == action
+                        if action == COMPUTE and target in self._elided:
+                            continue
                         plan[phase] += [(self._fn(target, action), a, b) for a, b in ranges(mask, bounds)]
         loop = phase_items["loop"]
         loop_nodes = [m for it in loop for m in (it.nodes if isinstance(it, fusion.FusedGroup) else [it])]
@@ -407,7 +493,7 @@ class Engine:
         h = pushed if plan.all_rows else pushed[plan.rows]     # F's exit: read the pushed rows
         self.counters.bytes_moved["push"] += 0 if plan.all_rows else h.nbytes
         self.timings.memory_s += time.perf_counter() - t0
-        loss, dh, dw, db = softmax_cross_entropy(self.xp, h, self._params["Wout"], self._params["bout"],
+        loss, dh, dw, db = softmax_cross_entropy(self.backend, h, self._params["Wout"], self._params["bout"],
                                                  plan.labels, want_grad)
         self.counters.kernels["loss"] += 1
         if want_grad:

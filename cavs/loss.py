@@ -3,9 +3,11 @@ labelled vertices, summed over the batch (WORKLOADS.md), and its gradient, in on
 from __future__ import annotations
 
 
-def softmax_cross_entropy(xp, h, w, b, labels, want_grad: bool):
+def softmax_cross_entropy(be, h, w, b, labels, want_grad: bool):
     """Returns (loss, dh, dW, db); the gradients are None when want_grad is False."""
-    logits = h @ w
+    xp = be.xp
+    logits = xp.empty((h.shape[0], w.shape[1]), dtype=h.dtype)
+    be.gemm(logits, h, w)
     logits += b
     logits -= logits.max(axis=1, keepdims=True)
     rows = xp.arange(len(labels))
@@ -21,4 +23,8 @@ def softmax_cross_entropy(xp, h, w, b, labels, want_grad: bool):
         return loss, None, None, None
     logits /= total[:, None]               # softmax probabilities
     logits[rows, labels] -= 1.0            # d loss / d logits
-    return loss, logits @ w.T, h.T @ logits, logits.sum(axis=0)
+    dh = xp.empty_like(h)
+    dw = xp.empty_like(w)
+    be.gemm(dh, logits, w.T)
+    be.gemm(dw, h.T, logits)
+    return loss, dh, dw, logits.sum(axis=0)

@@ -8,7 +8,8 @@ Every value in F is a per-vertex row vector (a "vertex symbol" of width w, store
              "message" moves memory between vertices or to/from outside F (counted in bytes);
              "reduce" accumulates a parameter gradient over rows (x^T dy, sum of dy)
   expr       elementwise ops only: a scalar expression template used by fusion (fusion.py)
-  run        the implementation on one row range, written against the backend's array module
+  run        the implementation on one row range, written against the backend (its array
+             module `xp` and its `gemm`)
   zero       where the output is known to be zero, from where the vertex inputs are zero
              (support.py skips arithmetic on such rows): "union" = zero where all inputs are,
              "intersect" = zero where any input is, "second" = zero where input 1 is,
@@ -31,7 +32,7 @@ class OpDef:
     name: str
     kind: str                       # compute | view | message | reduce
     shape: Callable                 # (input shapes, attrs) -> output shape
-    run: Callable | None = None     # (xp, out, *inputs, **attrs) -> None
+    run: Callable | None = None     # (backend, out, *inputs) -> None
     expr: str | None = None         # elementwise template over {0}, {1}, ...
     zero: str = "union"             # see the module docstring
 
@@ -94,63 +95,63 @@ def _reduce(shapes, attrs):
 
 # ---------------------------------------------------------------- implementations (one row range)
 
-def _run_matmul(xp, out, x, w):
-    xp.matmul(x, w, out=out)
+def _run_matmul(be, out, x, w):
+    be.gemm(out, x, w)
 
 
-def _run_matmul_t(xp, out, dy, w):
-    xp.matmul(dy, w.T, out=out)
+def _run_matmul_t(be, out, dy, w):
+    be.gemm(out, dy, w.T)
 
 
-def _run_add(xp, out, a, b):
-    xp.add(a, b, out=out)
+def _run_add(be, out, a, b):
+    be.xp.add(a, b, out=out)
 
 
-def _run_sub(xp, out, a, b):
-    xp.subtract(a, b, out=out)
+def _run_sub(be, out, a, b):
+    be.xp.subtract(a, b, out=out)
 
 
-def _run_mul(xp, out, a, b):
-    xp.multiply(a, b, out=out)
+def _run_mul(be, out, a, b):
+    be.xp.multiply(a, b, out=out)
 
 
-def _run_neg(xp, out, a):
-    xp.negative(a, out=out)
+def _run_neg(be, out, a):
+    be.xp.negative(a, out=out)
 
 
-def _run_sigmoid(xp, out, a):
+def _run_sigmoid(be, out, a):
     # 1 / (1 + exp(-a)) without overflow warnings: 0.5 * tanh(a / 2) + 0.5
-    xp.multiply(a, 0.5, out=out)
-    xp.tanh(out, out=out)
-    xp.multiply(out, 0.5, out=out)
-    xp.add(out, 0.5, out=out)
+    be.xp.multiply(a, 0.5, out=out)
+    be.xp.tanh(out, out=out)
+    be.xp.multiply(out, 0.5, out=out)
+    be.xp.add(out, 0.5, out=out)
 
 
-def _run_tanh(xp, out, a):
-    xp.tanh(a, out=out)
+def _run_tanh(be, out, a):
+    be.xp.tanh(a, out=out)
 
 
-def _run_relu(xp, out, a):
-    xp.maximum(a, 0, out=out)
+def _run_relu(be, out, a):
+    be.xp.maximum(a, 0, out=out)
 
 
-def _run_sigmoid_grad(xp, out, y, dy):   # dy * y * (1 - y)
-    xp.subtract(1, y, out=out)
-    xp.multiply(out, y, out=out)
-    xp.multiply(out, dy, out=out)
+def _run_sigmoid_grad(be, out, y, dy):   # dy * y * (1 - y)
+    be.xp.subtract(1, y, out=out)
+    be.xp.multiply(out, y, out=out)
+    be.xp.multiply(out, dy, out=out)
 
 
-def _run_tanh_grad(xp, out, y, dy):      # dy * (1 - y^2)
-    xp.multiply(y, y, out=out)
-    xp.subtract(1, out, out=out)
-    xp.multiply(out, dy, out=out)
+def _run_tanh_grad(be, out, y, dy):      # dy * (1 - y^2)
+    be.xp.multiply(y, y, out=out)
+    be.xp.subtract(1, out, out=out)
+    be.xp.multiply(out, dy, out=out)
 
 
-def _run_relu_grad(xp, out, y, dy):
-    xp.multiply(dy, y > 0, out=out)
+def _run_relu_grad(be, out, y, dy):
+    be.xp.multiply(dy, y > 0, out=out)
 
 
-def _run_concat(xp, out, *parts):
+def _run_concat(be, out, *parts):
     col = 0
     for p in parts:
         w = p.shape[1]
@@ -158,15 +159,15 @@ def _run_concat(xp, out, *parts):
         col += w
 
 
-def _run_zeros(xp, out):
+def _run_zeros(be, out):
     out.fill(0)
 
 
-def _run_param_grad(xp, out, x, dy):     # dW += x^T dy
-    out += x.T @ dy
+def _run_param_grad(be, out, x, dy):     # dW += x^T dy
+    be.gemm(out, x.T, dy, accumulate=True)
 
 
-def _run_bias_grad(xp, out, dy):         # db += sum over rows of dy
+def _run_bias_grad(be, out, dy):         # db += sum over rows of dy
     out += dy.sum(axis=0)
 
 

@@ -17,7 +17,7 @@ LIBRARIES = {
     "cupy": ("cupy-cuda12x", "cupy-cuda11x", "cupy"), "pandas": ("pandas",), "matplotlib": ("matplotlib",),
 }
 ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
-            "CAVS_BACKEND", "CUDA_VISIBLE_DEVICES")
+            "CAVS_BACKEND", "CAVS_CPU_BLAS", "CUDA_VISIBLE_DEVICES")
 
 
 def _run(cmd: list[str]) -> str:
@@ -63,6 +63,12 @@ def _blas() -> list[dict]:
             for info in threadpool_info()]
 
 
+def _cavs_cpu_blas() -> str:
+    """Which BLAS the engine's CPU backend multiplies with (cavs/backend/numpy.py)."""
+    from cavs.backend.numpy import NumpyBackend
+    return NumpyBackend().blas
+
+
 def collect(threads: int, profile: str) -> dict:
     gpu = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]) \
         if shutil.which("nvidia-smi") else ""
@@ -71,7 +77,7 @@ def collect(threads: int, profile: str) -> dict:
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "gpu": gpu or None, "platform": platform.platform(), "python": sys.version.split()[0],
         "libraries": {name: _version(d) for name, d in LIBRARIES.items()},
-        "blas": _blas(), "environment": {v: os.environ.get(v) for v in ENV_VARS},
+        "blas": _blas(), "cavs_cpu_blas": _cavs_cpu_blas(), "environment": {v: os.environ.get(v) for v in ENV_VARS},
         "cell_threads": threads, "profile": profile, "git_rev": git_revision(),
     }
 

@@ -10,6 +10,16 @@ class CupyBackend:
     name = "cupy"
     device = "cuda"
     xp = cupy
+    blas = "cublas"
+
+    def set_threads(self, threads: int):
+        pass
+
+    def gemm(self, out, a, b, accumulate: bool = False):
+        if accumulate:
+            out += a @ b
+        else:
+            cupy.matmul(a, b, out=out)
 
     def index(self, host: np.ndarray):
         return cupy.asarray(np.ascontiguousarray(host, dtype=np.int64))

@@ -2,29 +2,44 @@
 labelled vertices, summed over the batch (WORKLOADS.md), and its gradient, in one batched call."""
 from __future__ import annotations
 
+# On the CPU the softmax runs over blocks of rows that fit in the core's L2 cache (2 MiB on the
+# reference VM): its six elementwise passes then read the cache, not memory. For the language
+# models (10,000 classes, ~1,400 rows per batch) this halves the softmax's time; the GPU takes
+# all rows in one block.
+CPU_BLOCK_BYTES = 1 << 20
+
 
 def softmax_cross_entropy(be, h, w, b, labels, want_grad: bool):
     """Returns (loss, dh, dW, db); the gradients are None when want_grad is False."""
     xp = be.xp
-    logits = xp.empty((h.shape[0], w.shape[1]), dtype=h.dtype)
+    n, classes = h.shape[0], w.shape[1]
+    logits = xp.empty((n, classes), dtype=h.dtype)
     be.gemm(logits, h, w)
-    logits += b
-    logits -= logits.max(axis=1, keepdims=True)
-    rows = xp.arange(len(labels))
-    picked = logits[rows, labels]
-    # exp(-60) / 10^4 classes is still a normal float32: without this floor, probabilities of
-    # hopeless classes become denormals, which make the CPU's matmuls on them ~10x slower (what
-    # flush-to-zero avoids in TensorFlow). Those probabilities change by < 1e-26.
-    xp.maximum(logits, -60.0, out=logits)
-    xp.exp(logits, out=logits)
-    total = logits.sum(axis=1)
-    loss = float((xp.log(total) - picked).sum())
+    block = n if be.device != "cpu" else max(1, CPU_BLOCK_BYTES // (classes * h.dtype.itemsize))
+    rows = xp.arange(min(block, n))
+    loss = 0.0
+    db = xp.zeros_like(b) if want_grad else None
+    for a in range(0, n, block):
+        z, y = logits[a:a + block], labels[a:a + block]
+        r = rows[:len(y)]
+        z += b
+        z -= z.max(axis=1, keepdims=True)
+        picked = z[r, y]
+        # exp(-60) / 10^4 classes is still a normal float32: without this floor, probabilities
+        # of hopeless classes become denormals, which make the CPU's matmuls on them ~10x
+        # slower (what flush-to-zero avoids in TensorFlow). Those probabilities change by < 1e-26.
+        xp.maximum(z, -60.0, out=z)
+        xp.exp(z, out=z)
+        total = z.sum(axis=1)
+        loss += float((xp.log(total) - picked).sum())
+        if want_grad:
+            z /= total[:, None]                # softmax probabilities
+            z[r, y] -= 1.0                     # d loss / d logits
+            db += z.sum(axis=0)
     if not want_grad:
         return loss, None, None, None
-    logits /= total[:, None]               # softmax probabilities
-    logits[rows, labels] -= 1.0            # d loss / d logits
     dh = xp.empty_like(h)
     dw = xp.empty_like(w)
     be.gemm(dh, logits, w.T)
     be.gemm(dw, h.T, logits)
-    return loss, dh, dw, logits.sum(axis=0)
+    return loss, dh, dw, db

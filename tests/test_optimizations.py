@@ -70,3 +70,19 @@ def test_eager_batching_runs_input_matmul_once_before_the_loop():
     # x Wx: once over all rows, or once per task (3 tasks); h Wh: once per task after the first
     assert on.counters.kernels["matmul"] == 1 + 2
     assert off.counters.kernels["matmul"] == 3 + 2
+
+
+@pytest.mark.parametrize("workload", ["tree_lstm", "var_lstm"])
+def test_float32_fused_kernels_match_unfused(workload, small_samples):
+    """The benchmarks' path: float32 kernels with Eigen's rational tanh, vectorized, writing into
+    concat columns; against NumPy's per-op loops. The tanh differs by about 2 ulp."""
+    def loss_and_grads(fusion):
+        model = cavs.models.build(workload, hidden=16, seed=4, dtype="float32", leaves=8)
+        engine = cavs.Engine(model, backend=backend_name(), fusion=fusion)
+        return engine.loss_and_grads(model.make_batch(small_samples[workload]))
+
+    (loss, grads), (ref_loss, ref_grads) = loss_and_grads(True), loss_and_grads(False)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    for name, g in ref_grads.items():
+        err = float(np.abs(grads[name] - g).max()) / max(1e-30, float(np.abs(g).max()))
+        assert err <= 1e-4, f"d/d{name}: relative error {err:.1e}"

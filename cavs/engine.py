@@ -80,7 +80,7 @@ def concat_homes(nodes: list[Node]) -> dict[Node, tuple[Node, int]]:
             continue
         col = 0
         for p in n.inputs:
-            if OPS[p.op].kind in ("compute",) and p not in home and p is not n:
+            if OPS[p.op].kind == "compute" and p not in home:
                 home[p] = (n, col)
             col += p.shape[0]
     return home

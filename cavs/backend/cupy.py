@@ -18,8 +18,10 @@ class CupyBackend:
     def gemm(self, out, a, b, accumulate: bool = False):
         if accumulate:
             out += a @ b
-        else:
+        elif out.flags.c_contiguous:
             cupy.matmul(a, b, out=out)
+        else:                    # a view into a concat's columns (engine.concat_homes)
+            out[...] = a @ b
 
     def index(self, host: np.ndarray):
         return cupy.asarray(np.ascontiguousarray(host, dtype=np.int64))

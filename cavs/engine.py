@@ -351,15 +351,16 @@ class Engine:
             for n, i in self._slot.items():   # views: slices of their input's columns
                 if n.op == "slice":
                     A[i] = A[self._slot[n.inputs[0]]][:, n.attrs["start"]:n.attrs["stop"]]
+            if self.options["fusion"] and self.backend.name == "numpy":
+                self._bind_bases()
             self._rows_bound = rows
         for n, i in self._slot.items():        # parameters may have been reassigned
             if n.is_param:
                 self._arrays[i] = self._params[n.attrs["name"]]
-        if self.options["fusion"] and self.backend.name == "numpy":
-            self._bind_bases()
 
     def _bind_bases(self):
-        """For the CPU's fused kernels: each vertex value as (its C-contiguous buffer, first column)."""
+        """For the CPU's fused kernels: each vertex value as (its C-contiguous buffer, first column);
+        parameters are read from A at each call, as they may be reassigned between batches."""
         A, itemsize = self._arrays, self.dtype.itemsize
         for n, i in self._slot.items():
             a = A[i]

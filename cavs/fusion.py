@@ -170,6 +170,8 @@ def compile_numba(source: str, dtype: str):
         exec(_RATIONAL_TANH, namespace)
         namespace["tanh"] = numba.njit(inline="always", fastmath=True, error_model="numpy")(namespace["tanh"])
     exec(compile(source, "<cavs-fused>", "exec"), namespace)
+    # error_model="numpy": no division-by-zero branch (the rational tanh divides), which would
+    # keep LLVM from vectorizing the loop
     return numba.njit(nogil=True, fastmath=fast, error_model="numpy")(namespace["kernel"])
 
 

@@ -527,7 +527,7 @@ class Engine:
         loss = self._pass(batch)
         grads = {n: np.array(self.backend.to_numpy(g)) for n, g in self._grads.items()}
         emb = self.xp.zeros_like(self._params["emb"])
-        self.backend.add_rows_grouped(emb, self._pull_plan.grouped, self._emb_grad)
+        self.backend.add_rows(emb, self._pull_plan.tokens, self._emb_grad)
         grads["emb"] = self.backend.to_numpy(emb)
         return loss, grads
 
@@ -538,7 +538,7 @@ class Engine:
         for name, g in self._grads.items():
             p = self._params[name]
             p -= lr * g
-        self.backend.add_rows_grouped(self._params["emb"], self._pull_plan.grouped, self._emb_grad, -lr)
+        self.backend.add_rows(self._params["emb"], self._pull_plan.tokens, self._emb_grad, scale=-lr)
         self.timings.compute_s += time.perf_counter() - t0
         return loss
 

@@ -91,7 +91,8 @@ def _unique(idx: np.ndarray) -> bool:
 
 
 class PullPlan:
-    """Rows that carry an external input, their token ids, and how to sum their gradients."""
+    """Rows that carry an external input and their token ids (the embedding gradient adds
+    each row into its token's row)."""
 
     def __init__(self, sched: Schedule, backend, read_tasks: np.ndarray):
         has = sched.tokens >= 0
@@ -104,11 +105,6 @@ class PullPlan:
         # rows without input in the tasks that read pull(): the only ones that must hold zeros
         read_rows = np.repeat(read_tasks, np.diff(sched.bounds))
         self.zero_rows = backend.index(np.flatnonzero(read_rows & ~has))
-        # the embedding gradient: rows grouped by token (a repeated word sums its rows)
-        order = np.argsort(sched.tokens[rows], kind="stable")
-        unique, starts = np.unique(sched.tokens[rows][order], return_index=True)
-        self.grouped = (backend.index(order), backend.index(starts), backend.index(unique),
-                        backend.index(sched.tokens[rows][order]))
 
 
 class LossPlan:

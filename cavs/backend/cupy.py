@@ -38,17 +38,14 @@ class CupyBackend:
     def take_rows(self, src, idx, out):
         cupy.take(src, idx, axis=0, out=out)
 
-    def add_rows(self, dst, idx, src, unique: bool):
+    def add_rows(self, dst, idx, src, unique: bool = False, scale: float = 1.0):
+        """dst[idx[i]] += scale * src[i]; repeated indices add up (atomic adds on the device)."""
+        if scale != 1.0:
+            src = src * scale
         if unique:
             dst[idx] += src
         else:
             cupyx.scatter_add(dst, idx, src)
-
-    def add_rows_grouped(self, dst, grouped, src, scale=1.0):
-        """dst[token] += scale * (sum of src rows of that token): atomic adds on the device."""
-        order, _, _, tokens_sorted = grouped
-        if len(order):
-            cupyx.scatter_add(dst, tokens_sorted, src[order] * scale)
 
     def stream(self, chunks):
         """Launches `chunks` on a second CUDA stream, one event per chunk; wait(k) makes the

@@ -79,20 +79,20 @@ class NumpyBackend:
     def take_rows(self, src, idx, out):
         np.take(src, idx, axis=0, out=out)
 
-    def add_rows(self, dst, idx, src, unique: bool):
+    def add_rows(self, dst, idx, src, unique: bool = False, scale: float = 1.0):
+        """dst[idx[i]] += scale * src[i]; repeated indices add up (the scatter of child-state
+        gradients, the embedding gradient and its SGD update)."""
+        torch = self._torch
+        if torch is not None:     # one pass in index order, 5-7x faster than NumPy's grouped sums
+            t = torch.from_numpy
+            t(dst).index_add_(0, t(idx), t(src), alpha=scale)
+            return
+        if scale != 1.0:
+            src = src * scale
         if unique:
             dst[idx] += src          # buffered fancy-index add is exact when indices are distinct
         else:
             np.add.at(dst, idx, src)
-
-    def add_rows_grouped(self, dst, grouped, src, scale=1.0):
-        """dst[token] += scale * (sum of src rows of that token): one sorted segment sum."""
-        order, starts, unique, _ = grouped
-        if len(unique):
-            sums = np.add.reduceat(src[order], starts, axis=0)
-            if scale != 1.0:
-                sums *= scale
-            dst[unique] += sums
 
     def stream(self, chunks):
         """Runs `chunks` (lists of closures) in order on a worker thread: the CPU's second stream.

@@ -210,3 +210,20 @@ def test_resuming_never_mixes_machines(tmp_path):
         runner._check_same_machine(tmp_path)
     runner.environment.write(tmp_path, 1, "quick")         # this machine's record: resuming is fine
     runner._check_same_machine(tmp_path)
+
+
+# ---------------------------------------------------------------- bench's floors
+
+@pytest.mark.parametrize("workload", ["tree_lstm", "var_lstm"])
+def test_frontier_rows_cover_each_vertex_with_children_once(workload):
+    """The frontier bound times every loop task's state matmul: its rows must be exactly the
+    vertices with children (each in one task), so its flops are a part of the floor's."""
+    from experiments import bench
+    import cavs
+    samples = cavs.datasets.load_samples(workload, limit=100)
+    rows = bench.frontier_rows(workload, 64, samples, batch_size=32)
+    graphs = [cavs.workloads.to_graph(workload, x, i) for i, x in enumerate(samples)]
+    assert sum(rows) == sum(int((g.children >= 0).any(axis=1).sum()) for g in graphs)
+    assert min(rows) > 0 and len(rows) >= max(int(cavs.graphs.levels(g.children).max()) for g in graphs)
+    state_flops = 2 * 2 * sum(rows) * bench.state_in_width(workload, 64) * bench.GATES[workload] * 64
+    assert state_flops < 2 * bench.needed_macs(workload, 64, samples)

@@ -127,8 +127,7 @@ class DynetSystem(System):
             if not samples:
                 raise InputError("empty batch: no samples were given")
             batch = []
-            for i, sample in enumerate(samples):
-                g = workloads.to_graph(self.workload, sample, i)
+            for g in workloads.to_graphs(self.workload, samples):
                 validate(g, self.sizes.arity)
                 batch.append((g, np.argsort(levels(g.children), kind="stable")))
         return batch

@@ -56,7 +56,7 @@ def build_graphs(workload: str, samples: list, arity: int, first_index: int = 0)
     """Raw samples as validated input graphs; errors name the sample (file:line where known)."""
     if not samples:
         raise InputError("empty batch: no samples were given")
-    graphs = [workloads.to_graph(workload, s, first_index + i) for i, s in enumerate(samples)]
+    graphs = workloads.to_graphs(workload, samples, first_index)
     for g in graphs:
         validate(g, arity)
     return graphs

@@ -75,7 +75,7 @@ class TensorflowSystem(System):
         with self.timings.timing("construct_s"):
             if not samples:
                 raise InputError("empty batch: no samples were given")
-            graphs = [workloads.to_graph(self.workload, s, i) for i, s in enumerate(samples)]
+            graphs = workloads.to_graphs(self.workload, samples)
             lengths = np.array([g.num_vertices for g in graphs], dtype=np.int32)
             if self.workload == "fixed_lstm" and (lengths != lengths[0]).any():
                 i = int(np.flatnonzero(lengths != lengths[0])[0])

@@ -60,7 +60,7 @@ class Model:
         """Reads raw samples into input graphs (errors name the file/line or sample and vertex)."""
         if len(samples) == 0:
             raise InputError(f"{self.workload}: empty batch: no samples were given")
-        graphs = [workloads.to_graph(self.workload, s, i) for i, s in enumerate(samples)]
+        graphs = workloads.to_graphs(self.workload, samples)
         return Batch(make_forest(graphs, self.sizes.arity))
 
     def load_samples(self, split: str = "train", limit: int | None = None) -> list:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -84,6 +85,46 @@ def concat_homes(nodes: list[Node]) -> dict[Node, tuple[Node, int]]:
                 home[p] = (n, col)
             col += p.shape[0]
     return home
+
+
+@dataclass(eq=False)
+class AffineSum:
+    """root = sum of `terms` (matmuls) [+ bias]: e.g. the LSTM gates x Wx + h Wh + b."""
+    root: Node
+    terms: list[Node]          # matmul nodes, in topological order
+    bias: Node | None          # a 1-D parameter
+    inner: list[Node]          # the adds between the terms and the root
+
+
+def affine_sums(nodes: list[Node], consumers: dict) -> list[AffineSum]:
+    """GEMM epilogue fusion: each tree of adds whose leaves are matmuls (read by nothing else)
+    and at most one bias. The matmuls then write into the root's buffer: the first one to run
+    on a task adds the bias as it writes (beta = 0), later ones accumulate (beta = 1), so the
+    terms are never stored apart, zero-filled where they are known zero, or added elementwise."""
+    found, claimed = [], set()
+    for root in reversed(nodes):
+        if root.op != "add" or root in claimed:
+            continue
+        terms, bias, inner, ok = [], [], [], True
+        stack = [root]
+        while stack and ok:
+            n = stack.pop()
+            for i in n.inputs:
+                only_here = consumers.get(i) == [n]
+                if i.op == "matmul" and only_here:
+                    terms.append(i)
+                elif i.op == "add" and only_here:
+                    inner.append(i)
+                    stack.append(i)
+                elif i.is_param and len(i.shape) == 1 and not bias:
+                    bias.append(i)
+                else:
+                    ok = False
+        if ok and terms and len(terms) + len(bias) >= 2:
+            order = {n: k for k, n in enumerate(nodes)}
+            found.append(AffineSum(root, sorted(terms, key=order.get), bias[0] if bias else None, inner))
+            claimed.update(inner)
+    return found
 
 
 class ParamView(MutableMapping):
@@ -158,9 +199,16 @@ class Engine:
         # on tasks where the concat is known zero, as its parts are then skipped)
         self._elided = {n for n in nodes if n.op == "concat"
                         and all(self._home.get(p, (None,))[0] is n for p in n.inputs)}
+        self._consumers: dict[Node, list[Node]] = {}
+        for n in nodes:
+            for i in n.inputs:
+                self._consumers.setdefault(i, []).append(n)
+        # with fusion on, matmul sums are computed in their root's buffer (affine_sums)
+        self._affine = {a.root: a for a in affine_sums(nodes, self._consumers)} if self.options["fusion"] else {}
+        self._sum_of = {n: a for a in self._affine.values() for n in a.terms + a.inner}
         self._tensors: dict[Node, DynamicTensor] = {}
         for n in nodes:
-            if n.is_vertex and n.op != "slice" and n not in self._home:
+            if n.is_vertex and n.op != "slice" and n not in self._home and n not in self._sum_of:
                 self._tensors[n] = DynamicTensor(self.backend, n.shape[0], self.dtype)
         self._state = F.scatter.inputs[0]
         self._pushed = F.push.inputs[0] if F.push is not None else None
@@ -175,10 +223,6 @@ class Engine:
         fwd = phases(F.nodes, {n for n in F.nodes if n.op == "gather"}, {F.scatter})
         bwd = phases(dF.nodes, {self._dstate}, {n for n in dF.nodes if n.op == "scatter_grad_child"})
         self.phase_of = {**fwd, **bwd}
-        self._consumers: dict[Node, list[Node]] = {}
-        for n in nodes:
-            for i in n.inputs:
-                self._consumers.setdefault(i, []).append(n)
         self.forward_phases = self._phase_items(F.nodes, fwd)
         self.backward_phases = self._phase_items(dF.nodes, bwd)
         self._fns = {}            # (node, action) -> closure
@@ -193,7 +237,8 @@ class Engine:
         items = {}
         for p in PHASES:
             ops = [n for n in nodes if n in phase_of and where[phase_of[n]] == p]
-            groups = fusion.find_groups(ops, self._consumers) if self.options["fusion"] else []
+            fusable = [n for n in ops if n not in self._affine and n not in self._sum_of]
+            groups = fusion.find_groups(fusable, self._consumers) if self.options["fusion"] else []
             items[p] = fusion.contracted_order(ops, groups)
         return items
 
@@ -267,6 +312,38 @@ class Engine:
             kernel(a, b, *args)
             kernels["fused"] += 1
         return fused
+
+    def _affine_fn(self, n: Node, how: str):
+        """A term of an affine sum: "write" (the first on this task; adds the bias), or
+        "accumulate"; or the root's "fill" where no term computes (the bias, or zeros)."""
+        A, be, kernels = self._arrays, self.backend, self.counters.kernels
+        s = self._affine.get(n) or self._sum_of[n]
+        o, bias = self._slot[s.root], s.bias and self._slot[s.bias]
+        if how == "fill":
+            def fill(a, b, t):
+                A[o][a:b] = A[bias] if bias is not None else 0
+                kernels["bias-fill" if bias is not None else "zero-fill"] += 1
+            return fill
+        x, w = self._slot[n.inputs[0]], self._slot[n.inputs[1]]
+        accumulate = how == "accumulate"
+
+        def term(a, b, t):
+            be.gemm(A[o][a:b], A[x][a:b], A[w], accumulate=accumulate,
+                    bias=None if accumulate or bias is None else A[bias])
+            kernels["matmul"] += 1
+        return term
+
+    def _affine_fns(self, n: Node, action_of) -> list:
+        """The closures of an affine sum's node on one task, from the actions of its terms."""
+        s = self._affine.get(n) or self._sum_of[n]
+        if n in s.inner or action_of(n) == SKIP:
+            return []
+        computing = [t for t in s.terms if action_of(t) == COMPUTE]
+        if n is s.root:
+            return [] if computing else [self._fn(n, "fill")]
+        if n not in computing:
+            return []
+        return [self._fn(n, "accumulate" if computing[0] is not n else "write")]
 
     def _zero_fn(self, n: Node):
         A, o, kernels = self._arrays, self._slot[n], self.counters.kernels
@@ -348,6 +425,8 @@ class Engine:
             for n in self._slot:               # concat parts: views of their concat's columns
                 if n in self._home:
                     A[self._slot[n]] = self._home_view(n)
+            for n, a in self._sum_of.items():   # affine sums: one buffer, the root's
+                A[self._slot[n]] = A[self._slot[a.root]]
             for n, i in self._slot.items():   # views: slices of their input's columns
                 if n.op == "slice":
                     A[i] = A[self._slot[n.inputs[0]]][:, n.attrs["start"]:n.attrs["stop"]]
@@ -375,10 +454,12 @@ class Engine:
         base = self._home_view(concat) if concat in self._home else self._tensors[concat].buffer
         return base[:, col:col + n.shape[0]]
 
-    def _fn(self, item, action: int):
+    def _fn(self, item, action):
         key = (item, action)
         if key not in self._fns:
-            if isinstance(item, fusion.FusedGroup):
+            if isinstance(action, str):
+                self._fns[key] = self._affine_fn(item, action)
+            elif isinstance(item, fusion.FusedGroup):
                 self._fns[key] = self._fused_fn(item)
             else:
                 self._fns[key] = self._compute_fn(item) if action == COMPUTE else self._zero_fn(item)
@@ -400,6 +481,8 @@ class Engine:
             if key not in self._subgroups:
                 self._subgroups[key] = fusion.describe(list(computing), self._consumers)
             return zeros + [self._fn(self._subgroups[key], COMPUTE)]
+        if item in self._affine or item in self._sum_of:
+            return self._affine_fns(item, action_of)
         a = action_of(item)
         return [] if a == SKIP or (a == COMPUTE and item in self._elided) else [self._fn(item, a)]
 
@@ -410,6 +493,9 @@ class Engine:
         for phase in ("eager", "lazy"):
             plan[phase] = []
             for item in phase_items[phase]:
+                if item in self._affine or item in self._sum_of:
+                    plan[phase] += self._per_task_ranges(item)
+                    continue
                 members = item.nodes if isinstance(item, fusion.FusedGroup) else [item]
                 if isinstance(item, fusion.FusedGroup) and all((act[m] == act[members[0]]).all() for m in members):
                     masks = {COMPUTE: [item], ZERO: item.outputs}     # one kernel where they compute
@@ -423,6 +509,7 @@ class Engine:
                         plan[phase] += [(self._fn(target, action), a, b) for a, b in ranges(mask, bounds)]
         loop = phase_items["loop"]
         loop_nodes = [m for it in loop for m in (it.nodes if isinstance(it, fusion.FusedGroup) else [it])]
+        loop_nodes += [t for a in self._affine.values() for t in a.terms if t not in loop_nodes]
         column = {m: k for k, m in enumerate(loop_nodes)}
         signatures = np.stack([act[n] for n in loop_nodes], axis=1) if loop_nodes \
             else np.zeros((self._sched.num_tasks, 0), dtype=np.int8)
@@ -434,6 +521,18 @@ class Engine:
             per_task.append(self._task_fns[key])
         plan["loop"] = per_task
         return plan
+
+    def _per_task_ranges(self, item) -> list:
+        """(closure, a, b) for a whole-batch phase, adjacent tasks with the same closure merged."""
+        act, bounds, out = self._actions, self._sched.bounds, []
+        for t in range(self._sched.num_tasks):
+            for fn in self._item_fns(item, lambda m: act[m][t]):
+                a, b = int(bounds[t]), int(bounds[t + 1])
+                if out and out[-1][0] is fn and out[-1][2] == a:
+                    out[-1] = (fn, out[-1][1], b)
+                else:
+                    out.append((fn, a, b))
+        return out
 
     def _run(self, plan, reverse=False):
         tasks = self._sched.tasks()

@@ -41,10 +41,13 @@ TREE = "(1 (2 a) (3 (2 b) (2 c)))"     # 3 tasks: the 3 leaves, the inner vertex
 KERNELS_UNFUSED = {"pull": 1, "matmul": 3, "zero-fill": 6, "add": 18, "sigmoid": 10, "tanh": 6,
                    "mul": 30, "concat": 6, "gather": 4, "loss": 1, "tanh_grad": 6,
                    "sigmoid_grad": 10, "matmul_t": 3, "scatter": 4, "bias_grad": 1, "param_grad": 2}
-# fused: the gate pre-activation sums (one group), the cell's 12 elementwise ops (one group),
-# and dF's 16 elementwise ops (one group), per task; at the leaves, where some members are
-# skipped, the members that compute still run as one (smaller) kernel
-KERNELS_FUSED = {"pull": 1, "matmul": 3, "zero-fill": 6, "fused": 9, "concat": 6, "gather": 4, "loss": 1,
+# fused: the gate pre-activations x Wx + [hl; hr] Uh + b are written by their matmuls into one
+# buffer (x Wx with the bias on the leaves, [hl; hr] Uh with the bias on the inner tasks): no
+# add kernel, and neither matmul's known-zero rows are filled (2 zero-fills fewer: the leaf
+# task's [hl; hr] Uh, the inner tasks' x Wx in one range). Then the cell's 12 elementwise ops
+# (one group) and dF's 16 (one group) per task; at the leaves, where some members are skipped,
+# the members that compute still run as one (smaller) kernel
+KERNELS_FUSED = {"pull": 1, "matmul": 3, "zero-fill": 4, "fused": 6, "concat": 6, "gather": 4, "loss": 1,
                  "matmul_t": 3, "scatter": 4, "bias_grad": 1, "param_grad": 2}
 
 
@@ -86,3 +89,26 @@ def test_float32_fused_kernels_match_unfused(workload, small_samples):
     for name, g in ref_grads.items():
         err = float(np.abs(grads[name] - g).max()) / max(1e-30, float(np.abs(g).max()))
         assert err <= 1e-4, f"d/d{name}: relative error {err:.1e}"
+
+
+def test_affine_sum_writes_bias_where_no_matmul_computes():
+    """GEMM epilogue fusion on every path, task by task: leaves without words (neither x Wx nor
+    [hl; hr] Uh computes: the bias is filled in), a vertex with a word and children (x Wx writes
+    with the bias, [hl; hr] Uh accumulates), a vertex with children only ([hl; hr] Uh writes
+    with the bias); the same numbers as unfused, gradients included."""
+    from cavs.graphs import Graph, make_forest
+    from cavs.models import Batch
+    g = Graph(np.array([[-1, -1], [-1, -1], [0, 1], [2, 1]]), np.array([-1, -1, 5, -1]),
+              np.array([1, 2, 3, 0]), "hand-made DAG")
+    results = {}
+    for fusion in (False, True):
+        model = cavs.models.build("tree_lstm", hidden=6, seed=4, dtype="float64")
+        engine = cavs.Engine(model, backend=backend_name(), fusion=fusion)
+        engine.params["b"] = np.random.default_rng(0).uniform(-1, 1, engine.params["b"].shape)
+        results[fusion] = engine.loss_and_grads(Batch(make_forest([g], 2)))
+        if fusion:
+            assert engine.counters.kernels["bias-fill"] == 1
+    (loss0, grads0), (loss1, grads1) = results[False], results[True]
+    assert loss1 == pytest.approx(loss0, rel=1e-12)
+    for name in grads0:
+        np.testing.assert_allclose(grads1[name], grads0[name], rtol=1e-10, atol=1e-14, err_msg=name)

@@ -15,13 +15,15 @@ class CupyBackend:
     def set_threads(self, threads: int):
         pass
 
-    def gemm(self, out, a, b, accumulate: bool = False):
+    def gemm(self, out, a, b, accumulate: bool = False, bias=None):
         if accumulate:
             out += a @ b
         elif out.flags.c_contiguous:
             cupy.matmul(a, b, out=out)
         else:                    # a view into a concat's columns (engine.concat_homes)
             out[...] = a @ b
+        if bias is not None and not accumulate:
+            out += bias
 
     def index(self, host: np.ndarray):
         return cupy.asarray(np.ascontiguousarray(host, dtype=np.int64))

@@ -49,18 +49,23 @@ class NumpyBackend:
         if self._torch is not None:
             self._torch.set_num_threads(threads)
 
-    def gemm(self, out, a, b, accumulate: bool = False):
-        """out = a @ b, or out += a @ b; any of them may be a strided view (no copies)."""
+    def gemm(self, out, a, b, accumulate: bool = False, bias=None):
+        """out = a @ b (+ bias, a row broadcast), or out += a @ b; any of them may be a strided
+        view (no copies)."""
         torch = self._torch
         if torch is None:
             if accumulate:
                 out += a @ b
             else:
                 np.matmul(a, b, out=out)
+                if bias is not None:
+                    out += bias
             return
         t = torch.from_numpy
         if accumulate:
             torch.addmm(t(out), t(a), t(b), out=t(out))
+        elif bias is not None:
+            torch.addmm(t(bias), t(a), t(b), out=t(out))
         else:
             torch.mm(t(a), t(b), out=t(out))
 

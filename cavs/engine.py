@@ -91,7 +91,7 @@ def concat_homes(nodes: list[Node]) -> dict[Node, tuple[Node, int]]:
 class AffineSum:
     """root = sum of `terms` (matmuls) [+ bias]: e.g. the LSTM gates x Wx + h Wh + b."""
     root: Node
-    terms: list[Node]          # matmul nodes, in topological order
+    terms: list[Node]          # matmul nodes, in the order they run (Engine sorts them by phase)
     bias: Node | None          # a 1-D parameter
     inner: list[Node]          # the adds between the terms and the root
 
@@ -223,17 +223,25 @@ class Engine:
         fwd = phases(F.nodes, {n for n in F.nodes if n.op == "gather"}, {F.scatter})
         bwd = phases(dF.nodes, {self._dstate}, {n for n in dF.nodes if n.op == "scatter_grad_child"})
         self.phase_of = {**fwd, **bwd}
+        # an affine sum's first term to run writes, the others accumulate: order them by phase
+        where = self._where()
+        for a in self._affine.values():
+            a.terms.sort(key=lambda t: PHASES.index(where[self.phase_of[t]]))
         self.forward_phases = self._phase_items(F.nodes, fwd)
         self.backward_phases = self._phase_items(dF.nodes, bwd)
         self._fns = {}            # (node, action) -> closure
         self._task_fns = {}       # loop signature -> closures, shared by tasks alike in what they skip
         self._subgroups = {}      # (fused group, its computing members) -> the smaller fused group
 
+    def _where(self) -> dict[str, str]:
+        """Where each phase's ops run: switched-off phases fold into the loop."""
+        return {"eager": "eager" if self.options["eager"] else "loop", "loop": "loop",
+                "lazy": "lazy" if self.options["lazy"] else "loop"}
+
     def _phase_items(self, nodes, phase_of) -> dict[str, list]:
         """Per phase, its ops in topological order (switched-off phases fold into the loop);
         with fusion on, each fused group of elementwise ops is one item."""
-        where = {"eager": "eager" if self.options["eager"] else "loop", "loop": "loop",
-                 "lazy": "lazy" if self.options["lazy"] else "loop"}
+        where = self._where()
         items = {}
         for p in PHASES:
             ops = [n for n in nodes if n in phase_of and where[phase_of[n]] == p]

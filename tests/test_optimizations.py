@@ -112,3 +112,31 @@ def test_affine_sum_writes_bias_where_no_matmul_computes():
     assert loss1 == pytest.approx(loss0, rel=1e-12)
     for name in grads0:
         np.testing.assert_allclose(grads1[name], grads0[name], rtol=1e-10, atol=1e-14, err_msg=name)
+
+
+def test_affine_sum_terms_run_in_phase_order_not_trace_order(small_samples):
+    """`h Wh + x Wx + b`: x Wx is traced second but runs first (eager, before the loop), so it
+    must be the term that writes with the bias and h Wh the one that accumulates."""
+    from cavs import concat, sigmoid, tanh
+
+    def h_first(v, p):
+        x = v.pull()
+        h_prev, c_prev = v.gather(0).split(2)
+        i, f, o, u = (h_prev @ p.Wh + x @ p.Wx + p.b).split(4)
+        c = sigmoid(f) * c_prev + sigmoid(i) * tanh(u)
+        h = sigmoid(o) * tanh(c)
+        v.scatter(concat(h, c))
+        v.push(h)
+    h_first.state_width = lambda hidden: 2 * hidden
+
+    samples = small_samples["var_lstm"]
+    results = {}
+    for options in ({"fusion": False}, {"fusion": True, "eager": True}, {"fusion": True, "eager": False}):
+        model = cavs.models.Model("var_lstm", h_first, hidden=6, seed=4, dtype="float64")
+        engine = cavs.Engine(model, backend=backend_name(), **options)
+        results[tuple(options.items())] = engine.loss_and_grads(model.make_batch(samples))
+    (loss0, grads0), *rest = results.values()
+    for loss, grads in rest:
+        assert loss == pytest.approx(loss0, rel=1e-12)
+        for name in grads0:
+            np.testing.assert_allclose(grads[name], grads0[name], rtol=1e-10, atol=1e-14, err_msg=name)

@@ -51,7 +51,7 @@ def test_batch_reader_on_edge_cases(line):
         assert all(same_graph(g, w) for g, w in zip(got, want))
 
 
-@pytest.mark.parametrize("line,message", [
+MALFORMED_TREES = [
     ("(3 (2 a) (2 b)", "unbalanced brackets"),
     ("(3 (2 a) (2 b)))", "unexpected ')'"),
     ("(3 (2 a) (2 b) (2 c))", "has 3 children"),
@@ -65,7 +65,10 @@ def test_batch_reader_on_edge_cases(line):
     ("(3 (2 a) ())", "not followed by a label"),
     ("(3 (2 a) (2))", "neither word nor children"),
     ("", "empty line"),
-])
+]
+
+
+@pytest.mark.parametrize("line,message", MALFORMED_TREES)
 def test_batch_of_trees_with_one_bad_line_names_it(line, message):
     """The bad line sits between good ones; the error names its file and line."""
     good = [SourceLine("(1 (2 a) (3 b))", "train.txt:1"), SourceLine("(4 (0 is) (2 good))", "train.txt:3")]

@@ -21,8 +21,10 @@ def _ok(results: Path, name: str) -> pd.DataFrame:
     return df[df.status == "ok"]
 
 
-def _ratios(df, panels, slow, fast="cavs", on=("batch_size", "hidden")):
-    """epoch_s of `slow` / epoch_s of `fast`, per matching cell of the given panels."""
+def _ratios(df, panels, slow, fast="cavs", on=("panel", "batch_size", "hidden")):
+    """epoch_s of `slow` / epoch_s of `fast`, per matching cell of the given panels (keyed by panel
+    too: the cell bs = 64, h = 512 is in both a batch-size panel and a hidden-size panel, and
+    pairing without the panel multiplied its rows)."""
     cols = list(on)
     a = df[df.panel.isin(panels) & (df.system == slow)].set_index(cols).epoch_s
     b = df[df.panel.isin(panels) & (df.system == fast)].set_index(cols).epoch_s

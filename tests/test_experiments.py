@@ -227,3 +227,15 @@ def test_frontier_rows_cover_each_vertex_with_children_once(workload):
     assert min(rows) > 0 and len(rows) >= max(int(cavs.graphs.levels(g.children).max()) for g in graphs)
     state_flops = 2 * 2 * sum(rows) * bench.state_in_width(workload, 64) * bench.GATES[workload] * 64
     assert state_flops < 2 * bench.needed_macs(workload, 64, samples)
+
+
+def test_claims_pair_each_cell_with_its_own_panel():
+    """bs = 64, h = 512 sits in a batch-size panel and a hidden-size panel: one ratio per panel."""
+    import pandas as pd
+    from plots.claims import _ratios
+    rows = [(p, s, bs, h, t) for p, cells in (("d", [(8, 512), (64, 512)]), ("h", [(64, 256), (64, 512)]))
+            for bs, h in cells for s, t in (("cavs", 1.0), ("fold", 3.0 if p == "d" else 2.0))]
+    rows = [r for r in rows if r[1] == "cavs"] + [r for r in rows if r[1] == "fold"][::-1]   # any row order
+    df = pd.DataFrame(rows, columns=["panel", "system", "batch_size", "hidden", "epoch_s"])
+    r = _ratios(df, ["d", "h"], "fold")
+    assert len(r) == 4 and sorted(r.tolist()) == [2.0, 2.0, 3.0, 3.0]

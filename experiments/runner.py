@@ -169,7 +169,8 @@ def run(experiment: Experiment, profile: Profile, results_dir, *, systems=None, 
     todo = sorted((c for c in the_plan.cells if c["cell_id"] not in done), key=lambda c: estimate_s([c], profile))
     limit = time_limit_s or profile.time_limit_s
     budget = profile.sweep_budget_s if budget_s is None else budget_s
-    environment.write(results_dir, threads, profile.name)
+    if todo:     # a sweep with nothing left to measure (a redraw) leaves environment.json alone
+        environment.write(results_dir, threads, profile.name)
     git_rev = environment.git_revision()
     counts = {"already measured": len(the_plan.cells) - len(todo)}
     bar = tqdm(total=len(the_plan.cells), initial=counts["already measured"], unit="cell", desc=experiment.name,

@@ -118,7 +118,11 @@ def test_failed_and_timed_out_cells_are_recorded_and_the_sweep_goes_on(tmp_path)
     assert status[("default", "2")] == status[("default", "4")] == "ok"
     assert counts == {"already measured": 0, "failed": 2, "timeout": 2, "ok": 2}
     assert (tmp_path / "logs").exists() and (tmp_path / "environment.json").exists()
+    env = tmp_path / "environment.json"                   # a redraw must not rewrite it
+    env.write_text(json.dumps({**json.loads(env.read_text()), "marker": 1}))
+    before = env.read_text()
     assert runner.run(exp, PROFILE, tmp_path, progress=False) == {"already measured": 6}
+    assert env.read_text() == before
 
 
 def test_csv_has_the_documented_columns_and_epoch_extrapolation(tmp_path):

@@ -102,6 +102,7 @@ def affine_sums(nodes: list[Node], consumers: dict) -> list[AffineSum]:
     on a task adds the bias as it writes (beta = 0), later ones accumulate (beta = 1), so the
     terms are never stored apart, zero-filled where they are known zero, or added elementwise."""
     found, claimed = [], set()
+    order = {n: k for k, n in enumerate(nodes)}
     for root in reversed(nodes):
         if root.op != "add" or root in claimed:
             continue
@@ -121,7 +122,6 @@ def affine_sums(nodes: list[Node], consumers: dict) -> list[AffineSum]:
                 else:
                     ok = False
         if ok and terms and len(terms) + len(bias) >= 2:
-            order = {n: k for k, n in enumerate(nodes)}
             found.append(AffineSum(root, sorted(terms, key=order.get), bias[0] if bias else None, inner))
             claimed.update(inner)
     return found
@@ -326,7 +326,7 @@ class Engine:
         "accumulate"; or the root's "fill" where no term computes (the bias, or zeros)."""
         A, be, kernels = self._arrays, self.backend, self.counters.kernels
         s = self._affine.get(n) or self._sum_of[n]
-        o, bias = self._slot[s.root], s.bias and self._slot[s.bias]
+        o, bias = self._slot[s.root], None if s.bias is None else self._slot[s.bias]
         if how == "fill":
             def fill(a, b, t):
                 A[o][a:b] = A[bias] if bias is not None else 0

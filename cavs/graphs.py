@@ -233,9 +233,10 @@ def parse_ptb_trees(lines: list[str], vocab: dict[str, int], names: list[str],
     size = counted[closes] - counted[open_of]    # vertices in v's subtree
     leaf = c[open_of + 3] != _OPEN
     v = np.arange(n)
-    right = np.where(leaf, -1, v - 1)
-    rest = np.where(leaf, 0, size - 1 - size[np.maximum(v - 1, 0)])
-    left = np.where(rest > 0, v - 1 - size[np.maximum(v - 1, 0)], -1)
+    right = np.where(leaf, -1, v - 1)              # an inner vertex's last child is v - 1
+    right_size = size[np.maximum(v - 1, 0)]
+    rest = np.where(leaf, 0, size - 1 - right_size)  # vertices left of that child's subtree
+    left = np.where(rest > 0, v - 1 - right_size, -1)
     if (rest < 0).any() or (size[left[rest > 0]] != rest[rest > 0]).any():   # 3+ children
         return None
     children = np.stack([np.where(rest > 0, left, right), np.where(rest > 0, right, -1)], axis=1)

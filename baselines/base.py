@@ -11,7 +11,10 @@ The sweep runner only ever calls this interface, so it never special-cases a sys
 
 Every system builds its initial weights with `cavs.workloads.init_params(workload, hidden, seed,
 dtype, leaves)` and its graphs with `cavs.workloads.to_graph`, so all start identical.
-Loss = softmax cross-entropy summed over the batch (WORKLOADS.md); SGD with lr 0.05.
+Training rule (WORKLOADS.md, revised): SGD on the mean of the batch's loss terms (summed softmax
+cross-entropy / labelled vertices or predicted tokens), gradients of all parameters together clipped
+to a global L2 norm of workloads.CLIP_NORM (5.0), then p -= workloads.LEARNING_RATE (1.0) * g.
+step() returns that mean loss.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The paper's "Cavs vs cuDNN" point of reference for the chain workloads. The whole batch runs as
 one LSTM call (Var-LSTM through pack_padded_sequence, so padding costs nothing and gets no
-gradient); embedding, output layer and summed cross-entropy are as in WORKLOADS.md.
+gradient); embedding, output layer and the batch's mean cross-entropy are as in WORKLOADS.md.
 
 Our cell has gates i, f, o, u in x Wx + h Wh + b; nn.LSTM has i, f, g(=u), o in
 x W_ih^T + b_ih + h W_hh^T + b_hh. So W_ih = Wx^T and W_hh = Wh^T with gate blocks reordered,
@@ -18,7 +18,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from cavs.graphs import InputError
-from .pytorch_sample import TorchSystem, build_graphs, summed_cross_entropy
+from .pytorch_sample import TorchSystem, build_graphs, mean_cross_entropy
 
 
 def _torch_gate_order(hidden: int) -> np.ndarray:
@@ -108,8 +108,8 @@ class CudnnLstmSystem(TorchSystem):
         x = self.params["emb"][batch.tokens]                      # (T, B, E)
         if self.workload == "fixed_lstm":                         # every sequence is T long: no packing
             h, _ = self.lstm(x)
-            return summed_cross_entropy(self.params, h.reshape(-1, self.hidden), batch.targets.reshape(-1))
+            return mean_cross_entropy(self.params, h.reshape(-1, self.hidden), batch.targets.reshape(-1))
         # packing drops the padded steps; packing the targets the same way lines them up with h
         h, _ = self.lstm(pack_padded_sequence(x, batch.lengths, enforce_sorted=False))
         targets = pack_padded_sequence(batch.targets, batch.lengths, enforce_sorted=False).data
-        return summed_cross_entropy(self.params, h.data, targets)
+        return mean_cross_entropy(self.params, h.data, targets)

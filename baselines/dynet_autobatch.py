@@ -1,8 +1,9 @@
 """DyNet with autobatching (Neubig et al. 2017): the paper's main dynamic-declaration baseline.
 
 Written the way DyNet's own examples (treelstm, rnnlm) are: one computation graph per batch
-(`dy.renew_cg()`), per-sample expressions built vertex by vertex, `dy.esum` of the per-vertex
-losses, `loss.backward()`, `trainer.update()`. Autobatching finds the batches at forward time.
+(`dy.renew_cg()`), per-sample expressions built vertex by vertex, the mean (`dy.esum` / count) of
+the per-vertex losses, `loss.backward()`, `trainer.update()` (SimpleSGD, gradient clipping on).
+Autobatching finds the batches at forward time.
 
 Autobatch strategy (option `autobatch`): 1 = agenda-based (DyNet's default), 2 = depth-based.
 DyNet reads `dynet_config` once, at its first import, so this module configures and imports
@@ -95,9 +96,13 @@ class DynetSystem(System):
             else:
                 self.params[name] = self.model.add_parameters(shape[::-1], name=name)
         self.trainer = dy.SimpleSGDTrainer(self.model, learning_rate=workloads.LEARNING_RATE)
-        # p -= lr * g exactly: DyNet clips the gradient norm to 5 by default; <= 0 disables clipping.
-        # (Weight decay is 0 unless set with dynet_config, and update() is never rescaled.)
-        self.trainer.set_clip_threshold(0)
+        # WORKLOADS.md's clipping: DyNet's Trainer::clip_gradients scales every gradient by
+        # clip_threshold / ||g|| when the global L2 norm ||g|| of all parameters (lookup tables: the
+        # rows with a gradient, repeated lookups summed into their row) exceeds the threshold; torch's
+        # clip_grad_norm_ divides by ||g|| + 1e-6, a relative difference below 1e-6. SimpleSGD then
+        # updates only those lookup rows, as the other systems do. (Weight decay is 0 unless set with
+        # dynet_config, and update() is never rescaled.)
+        self.trainer.set_clip_threshold(workloads.CLIP_NORM)
         self._cells = {"fixed_lstm": self._lstm, "var_lstm": self._lstm,
                        "tree_fc": self._tree_fc, "tree_lstm": self._tree_lstm}
         self.timings.extra.update(threads=1, autobatch=STRATEGIES[autobatch])
@@ -145,7 +150,7 @@ class DynetSystem(System):
             losses = [loss for g, order in batch for loss in cell(g, order, p)]
             if not losses:
                 raise InputError("no vertex in the batch carries a label, so there is no loss")
-            loss = dy.esum(losses)
+            loss = dy.esum(losses) * (1.0 / len(losses))   # the mean over the batch's loss terms
         with self.timings.timing("compute_s"):
             value = loss.value()            # forward: autobatching happens here
             if self.mode == "train":

@@ -24,7 +24,7 @@ import torch
 
 from cavs import datasets
 from cavs.graphs import Graph, InputError, levels
-from .pytorch_sample import CELLS, TorchSystem, build_graphs, state_width, summed_cross_entropy
+from .pytorch_sample import CELLS, TorchSystem, build_graphs, state_width, mean_cross_entropy
 
 
 @dataclass
@@ -175,4 +175,4 @@ class FoldSystem(TorchSystem):
             out = cell(p, x, *kids)
             outputs.append(out[:, :h].index_select(0, op.label_rows))
             prev = torch.cat([out, prev.index_select(0, op.copies)]) if len(op.copies) else out
-        return summed_cross_entropy(p, torch.cat(outputs), batch.targets)
+        return mean_cross_entropy(p, torch.cat(outputs), batch.targets)

@@ -1,7 +1,8 @@
 """PyTorch, one sample and one vertex at a time: the imperative reference every system is checked against.
 
 Each vertex runs the WORKLOADS.md cell on (1, h) tensors in an order where children come first;
-autograd records everything, one backward over the batch's summed loss, one plain SGD update.
+autograd records everything, one backward over the batch's mean loss, one SGD step with the
+gradients clipped to a global L2 norm (WORKLOADS.md's training rule).
 `TorchSystem` and the cell functions are shared with the other PyTorch baselines (cudnn_lstm.py,
 fold.py), so all three run the same math and the same parameter handling.
 """
@@ -48,8 +49,14 @@ def state_width(workload: str, hidden: int) -> int:
 
 
 def summed_cross_entropy(p, h, targets):
-    """Softmax cross-entropy of h Wout + bout, summed over the rows (WORKLOADS.md's loss)."""
+    """Softmax cross-entropy of h Wout + bout, summed over the rows."""
     return F.cross_entropy(h @ p["Wout"] + p["bout"], targets, reduction="sum")
+
+
+def mean_cross_entropy(p, h, targets):
+    """Softmax cross-entropy of h Wout + bout, averaged over the rows (WORKLOADS.md's loss when the
+    rows are all the batch's loss terms)."""
+    return F.cross_entropy(h @ p["Wout"] + p["bout"], targets, reduction="mean")
 
 
 def build_graphs(workload: str, samples: list, arity: int, first_index: int = 0) -> list[Graph]:
@@ -104,15 +111,20 @@ class TorchSystem(System):
         return list(self.params.values())
 
     def loss(self, batch) -> torch.Tensor:
+        """The batch's mean loss: summed cross-entropy / number of loss terms."""
         raise NotImplementedError
 
     def step(self, batch) -> float:
+        """Train: forward, backward of the batch's mean loss, gradients clipped to a global L2 norm
+        of workloads.CLIP_NORM (torch.nn.utils.clip_grad_norm_), p -= lr * g. Returns the mean loss."""
         with self.timings.timing("compute_s", sync=self.synchronize):
             if self.mode == "train":
                 loss = self.loss(batch)
                 loss.backward()
+                params = self.trainable()
+                torch.nn.utils.clip_grad_norm_(params, workloads.CLIP_NORM)
                 with torch.no_grad():
-                    for p in self.trainable():
+                    for p in params:
                         p -= workloads.LEARNING_RATE * p.grad
                         p.grad = None
             else:
@@ -151,7 +163,8 @@ class PytorchSampleSystem(TorchSystem):
         return SampleBatch(graphs, orders)
 
     def loss(self, batch: SampleBatch) -> torch.Tensor:
-        return sum(self.sample_loss(g, order) for g, order in zip(batch.graphs, batch.orders))
+        terms = sum(int((g.labels >= 0).sum()) for g in batch.graphs)
+        return sum(self.sample_loss(g, order) for g, order in zip(batch.graphs, batch.orders)) / terms
 
     def sample_loss(self, g: Graph, order: list[int]) -> torch.Tensor:
         p, cell = self.params, CELLS[self.workload]

@@ -6,9 +6,10 @@ tf.nn.dynamic_rnn: a tf.while_loop over the longest sentence of the batch, every
 to it, state frozen and loss masked past each sample's length. The steps computed on padding
 are part of what the paper measures, so they are kept.
 
-Both run one compiled tf.function per train/infer step (forward, tf.GradientTape backward,
-plain SGD `p -= lr * g`). Tracing is timed as construct_s and counted in timings.extra["traces"];
-Var-LSTM declares an input signature with a free length, so a new maximum length never retraces.
+Both run one compiled tf.function per train/infer step (forward, tf.GradientTape backward of the
+mean loss, tf.clip_by_global_norm, SGD `p -= lr * g`). Tracing is timed as construct_s and
+counted in timings.extra["traces"]; Var-LSTM declares an input signature with a free length, so
+a new maximum length never retraces.
 Tree workloads are not implemented, as in the paper (no static-graph expression of them).
 """
 from __future__ import annotations
@@ -131,14 +132,24 @@ class TensorflowSystem(System):
         logits = outputs @ self.vars["Wout"] + self.vars["bout"]
         ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
         mask = tf.sequence_mask(lengths, tf.shape(ids)[1], dtype=self.tf_dtype)
-        return tf.reduce_sum(ce * mask)
+        return tf.reduce_sum(ce * mask) / tf.reduce_sum(mask)       # the mean over predicted tokens
 
     def _train(self, ids, targets, lengths):
         variables = list(self.vars.values())
         with tf.GradientTape() as tape:
             loss = self._loss(ids, targets, lengths)
+        grads = []
+        for grad in tape.gradient(loss, variables):
+            if isinstance(grad, tf.IndexedSlices):
+                # the embedding's gradient has one row per lookup; a token used twice must count
+                # once in the global norm, with its rows summed (the dense gradient's row)
+                rows, slot = tf.unique(grad.indices)
+                grad = tf.IndexedSlices(tf.math.unsorted_segment_sum(grad.values, slot, tf.size(rows)),
+                                        rows, grad.dense_shape)
+            grads.append(grad)
+        grads, _ = tf.clip_by_global_norm(grads, workloads.CLIP_NORM)
         lr = tf.constant(workloads.LEARNING_RATE, self.tf_dtype)
-        for var, grad in zip(variables, tape.gradient(loss, variables)):
+        for var, grad in zip(variables, grads):
             if isinstance(grad, tf.IndexedSlices):  # embedding rows: update only the rows used
                 var.scatter_sub(tf.IndexedSlices(lr * grad.values, grad.indices))
             else:

@@ -45,7 +45,9 @@ def spec_loss(workload, p, g):
 
 
 def batch_spec_loss(workload, params, samples):
-    return sum(spec_loss(workload, params, workloads.to_graph(workload, s, i)) for i, s in enumerate(samples))
+    """The batch's mean loss: summed over its graphs, divided by its labelled vertices."""
+    graphs = [workloads.to_graph(workload, s, i) for i, s in enumerate(samples)]
+    return sum(spec_loss(workload, params, g) for g in graphs) / sum(int((g.labels >= 0).sum()) for g in graphs)
 
 
 def assert_same_step(system, workload, samples, dtype="float64", tol=1e-6, **kw):
@@ -69,7 +71,8 @@ def test_per_sample_loss_is_the_spec(workload, small_samples):
 
 
 @pytest.mark.parametrize("workload", ["tree_fc", "tree_lstm"])
-def test_per_sample_sgd_step_matches_finite_differences(workload, small_samples):
+def test_per_sample_sgd_step_matches_finite_differences(workload, small_samples, monkeypatch):
+    monkeypatch.setattr(workloads, "CLIP_NORM", 1e30)    # no clipping: the step is -lr * gradient
     samples = small_samples[workload][:2]
     system = make("pytorch", workload, dtype="float64")
     before = system.get_params()
@@ -85,6 +88,26 @@ def test_per_sample_sgd_step_matches_finite_differences(workload, small_samples)
             moved[name][idx] -= 2 * eps
             fd = (up - batch_spec_loss(workload, moved, samples)) / (2 * eps)
             assert grad[idx] == pytest.approx(fd, abs=1e-6), f"{name}{idx}"
+
+
+@pytest.mark.parametrize("system,workload", [("pytorch", "tree_lstm"), ("pytorch", "var_lstm"),
+                                             ("fold", "tree_fc"), ("cudnn", "var_lstm")])
+def test_gradients_are_clipped_to_the_global_norm(system, workload, small_samples, monkeypatch):
+    """With a threshold below the gradient's global L2 norm (all parameters together, the
+    embedding's rows used twice summed), the step is -lr * threshold * g / ||g||."""
+    samples = small_samples[workload]
+    runs = {}
+    for clip in (1e30, 0.01):
+        monkeypatch.setattr(workloads, "CLIP_NORM", clip)
+        sut = make(system, workload, dtype="float64")
+        before = sut.get_params()
+        sut.step(sut.prepare(samples))
+        runs[clip] = {k: before[k] - v for k, v in sut.get_params().items()}   # lr * (clipped) gradient
+    raw = runs[1e30]
+    norm = np.sqrt(sum((g ** 2).sum() for g in raw.values())) / workloads.LEARNING_RATE
+    assert norm > 0.01
+    for name, step in runs[0.01].items():
+        np.testing.assert_allclose(step, raw[name] * 0.01 / (norm + 1e-6), rtol=0, atol=1e-12, err_msg=name)
 
 
 @pytest.mark.parametrize("system,workload", [("cudnn", "fixed_lstm"), ("cudnn", "var_lstm"),

@@ -18,7 +18,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from cavs.graphs import InputError
-from .pytorch_sample import TorchSystem, build_graphs, mean_cross_entropy
+from .pytorch_sample import TorchSystem, mean_cross_entropy, read_batch
 
 
 def _torch_gate_order(hidden: int) -> np.ndarray:
@@ -90,7 +90,7 @@ class CudnnLstmSystem(TorchSystem):
 
     def prepare(self, samples: list) -> SequenceBatch:
         with self.timings.timing("construct_s"):
-            graphs = build_graphs(self.workload, samples, arity=1)
+            graphs, _ = read_batch(self.workload, samples, arity=1)
             lengths = np.array([g.num_vertices for g in graphs], dtype=np.int64)
             if self.workload == "fixed_lstm" and (lengths != lengths[0]).any():
                 b = int(np.flatnonzero(lengths != lengths[0])[0])

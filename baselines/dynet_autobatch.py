@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 from cavs import workloads
-from cavs.graphs import InputError, levels, validate
+from cavs.graphs import InputError, make_forest
 
 from .base import System
 
@@ -127,14 +127,15 @@ class DynetSystem(System):
     # ------------------------------------------------------------ batches
 
     def prepare(self, samples):
-        """Reads each sample's input graph and orders its vertices children-first."""
+        """Reads the samples' input graphs, checked as the engine checks them (acyclicity once over
+        the batch, whose levels come with it), and orders each graph's vertices children-first."""
         with self.timings.timing("construct_s"):
             if not samples:
                 raise InputError("empty batch: no samples were given")
-            batch = []
-            for g in workloads.to_graphs(self.workload, samples):
-                validate(g, self.sizes.arity)
-                batch.append((g, np.argsort(levels(g.children), kind="stable")))
+            graphs = workloads.to_graphs(self.workload, samples)
+            forest = make_forest(graphs, self.sizes.arity)
+            levels = np.split(forest.level, forest.offsets[1:-1])
+            batch = [(g, np.argsort(level, kind="stable")) for g, level in zip(graphs, levels)]
         return batch
 
     def step(self, batch) -> float:

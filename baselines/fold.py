@@ -24,7 +24,7 @@ import torch
 
 from cavs import datasets
 from cavs.graphs import Graph, InputError, levels
-from .pytorch_sample import CELLS, TorchSystem, build_graphs, state_width, mean_cross_entropy
+from .pytorch_sample import CELLS, TorchSystem, graph_levels, mean_cross_entropy, read_batch, state_width
 
 
 @dataclass
@@ -36,9 +36,10 @@ class Level:
     copies: np.ndarray     # (copies,) rows of the previous depth's output passed through unchanged
 
 
-def schedule(g: Graph) -> list[Level]:
-    """Depth-by-depth schedule of one sample, pass-through copies included."""
-    depth = levels(g.children)
+def schedule(g: Graph, depth: np.ndarray | None = None) -> list[Level]:
+    """Depth-by-depth schedule of one sample, pass-through copies included; `depth`: the graph's
+    vertex levels where the batch reader computed them already."""
+    depth = levels(g.children) if depth is None else depth
     parent, slot = np.nonzero(g.children >= 0)
     # a vertex must stay available up to one below its highest parent (the root: its own depth)
     top = depth.copy()
@@ -83,7 +84,8 @@ def merge(schedules: list[list[Level]]) -> list[Level]:
 
 def _schedule_chunk(workload: str, samples: list, arity: int, first_index: int) -> list[list[Level]]:
     """A Fold-N worker's share: its samples' graphs and schedules."""
-    return [schedule(g) for g in build_graphs(workload, samples, arity, first_index)]
+    graphs, forest = read_batch(workload, samples, arity, first_index)
+    return [schedule(g, depth) for g, depth in zip(graphs, graph_levels(forest))]
 
 
 @dataclass
@@ -132,7 +134,7 @@ class FoldSystem(TorchSystem):
             if not samples:
                 raise InputError("empty batch: no samples were given")
             if self.pool is None:
-                schedules = [schedule(g) for g in build_graphs(self.workload, samples, arity)]
+                schedules = _schedule_chunk(self.workload, samples, arity, 0)
             else:
                 size = -(-len(samples) // self.workers)   # ceil: at most one chunk per worker
                 futures = [self.pool.submit(_schedule_chunk, self.workload, samples[a:a + size], arity, a)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from cavs import workloads
-from cavs.graphs import Graph, InputError, levels, validate
+from cavs.graphs import Forest, Graph, InputError, make_forest
 from .base import System
 
 
@@ -59,14 +59,20 @@ def mean_cross_entropy(p, h, targets):
     return F.cross_entropy(h @ p["Wout"] + p["bout"], targets, reduction="mean")
 
 
-def build_graphs(workload: str, samples: list, arity: int, first_index: int = 0) -> list[Graph]:
-    """Raw samples as validated input graphs; errors name the sample (file:line where known)."""
+def read_batch(workload: str, samples: list, arity: int, first_index: int = 0) -> tuple[list[Graph], Forest]:
+    """Raw samples as input graphs, checked as the engine checks them: each graph's ranges and
+    arity, then acyclicity once over the whole batch, whose longest-path levels come with it
+    (`forest.level`, global vertex ids; graph i owns ids offsets[i]:offsets[i + 1]). Errors name
+    the sample (file:line where known)."""
     if not samples:
         raise InputError("empty batch: no samples were given")
     graphs = workloads.to_graphs(workload, samples, first_index)
-    for g in graphs:
-        validate(g, arity)
-    return graphs
+    return graphs, make_forest(graphs, arity)
+
+
+def graph_levels(forest: Forest) -> list[np.ndarray]:
+    """Each graph's own slice of the batch's levels."""
+    return np.split(forest.level, forest.offsets[1:-1])
 
 
 # ---------------------------------------------------------------- shared system plumbing
@@ -157,9 +163,9 @@ class PytorchSampleSystem(TorchSystem):
 
     def prepare(self, samples: list) -> SampleBatch:
         with self.timings.timing("construct_s"):
-            graphs = build_graphs(self.workload, samples, self.sizes.arity)
+            graphs, forest = read_batch(self.workload, samples, self.sizes.arity)
             # graphs may number vertices in any order; a stable sort by level puts children first
-            orders = [np.argsort(levels(g.children), kind="stable").tolist() for g in graphs]
+            orders = [np.argsort(level, kind="stable").tolist() for level in graph_levels(forest)]
         return SampleBatch(graphs, orders)
 
     def loss(self, batch: SampleBatch) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The engine's speed against DyNet, TensorFlow and the GEMM-bound floor (issues 2 and 3).
 
     python -m experiments.bench [--results DIR] [--hidden 64,256,512] [--repeats 3]
+    python -m experiments.bench --compare REV_A REV_B --system dynet --workload tree_lstm --h 64
 
 Tree-LSTM: training on the first 512 SST training trees (file order), bs = 64, one thread,
 h in 64/256/512: Cavs (default switches, and each switch combination of interest) and DyNet
@@ -39,14 +40,20 @@ CAVS_VARIANTS = {
 }
 
 
-def run_cell(system: str, workload: str, hidden: int, samples: int, options: dict, repeats: int) -> dict:
+def run_cell(system: str, workload: str, hidden: int, samples: int, options: dict, repeats: int,
+             baselines_dir: str | None = None, leaves: int = 256) -> dict:
+    """One cell in a subprocess; `baselines_dir`: run it with the `baselines` package found there
+    (a snapshot of another revision, see compare()) instead of this tree's."""
     spec = {"system": system, "workload": workload, "hidden": hidden, "batch_size": 64, "mode": "train",
-            "threads": 1, "leaves": 256, "device": "cpu", "options": options, "samples": samples,
+            "threads": 1, "leaves": leaves, "device": "cpu", "options": options, "samples": samples,
             "warmup_batches": 1, "repeats": repeats, "order": "file"}
     import os
     env = {**os.environ, **THREAD_ENV}
+    root = str(Path(__file__).resolve().parent.parent)
+    if baselines_dir:     # the snapshot's directory comes first on sys.path (cwd of `-m`), this tree after it
+        env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run([sys.executable, "-m", "experiments.cell", json.dumps(spec)], env=env,
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800, cwd=baselines_dir or root)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_MARK):
             return json.loads(line[len(RESULT_MARK):])
@@ -147,6 +154,57 @@ def frontier_bound(workload: str, hidden: int, samples: list, floor_s: float, ra
     return floor_s - loop_flops / rate + loop_s
 
 
+def snapshot_baselines(rev: str, into: Path) -> str:
+    """`baselines/` as of git revision `rev` (or this working tree for `rev` = "worktree") in a
+    directory of its own; returns that directory."""
+    import shutil
+    root = Path(__file__).resolve().parent.parent
+    target = into / rev.replace("/", "_")
+    target.mkdir(parents=True, exist_ok=True)
+    if rev == "worktree":
+        shutil.copytree(root / "baselines", target / "baselines", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev, "baselines"], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return str(target)
+
+
+def compare(args) -> int:
+    """Before/after of a baseline change: the same cell with `baselines/` of two revisions,
+    interleaved round by round (a slow spell of a shared machine hits both), fastest round kept."""
+    import tempfile
+    revs = args.compare
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {rev: snapshot_baselines(rev, Path(tmp)) for rev in revs}
+        best = {}
+        for _ in range(args.rounds):
+            for rev in revs:
+                r = run_cell(args.system, args.workload, args.h, args.samples, json.loads(args.options),
+                             args.repeats, dirs[rev], args.leaves)
+                print(f"  {args.system} {args.workload} h={args.h} @ {rev}: {r.get('total_s', float('nan')):.3f} s "
+                      f"(construct {r.get('construct_s', float('nan')):.3f}, compute {r.get('compute_s', float('nan')):.3f}; "
+                      f"{r['status']})", flush=True)
+                if rev not in best or r.get("total_s", float("inf")) < best[rev].get("total_s", float("inf")):
+                    best[rev] = r
+        a, b = (best[rev] for rev in revs)
+        for rev in revs:
+            r = best[rev]
+            rows.append(f"{rev:>12}: total {r.get('total_s', float('nan')):.3f} s, construct "
+                        f"{r.get('construct_s', float('nan')):.3f} s, compute {r.get('compute_s', float('nan')):.3f} s, "
+                        f"last loss {r.get('loss', float('nan')):.6f}, {r['status']}")
+    print(f"\n{args.system} {args.workload} h={args.h}, {args.samples} samples, bs 64, 1 thread, "
+          f"fastest of {args.rounds} interleaved rounds:")
+    print("\n".join(rows))
+    if a.get("status") == b.get("status") == "ok":
+        print(f"  {revs[0]} / {revs[1]}: total {a['total_s'] / b['total_s']:.2f}x, "
+              f"compute {a['compute_s'] / b['compute_s']:.2f}x, construct {a['construct_s'] / b['construct_s']:.2f}x")
+        return 0
+    return 1
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", default="results")
@@ -156,7 +214,18 @@ def main(argv=None):
     ap.add_argument("--variants", default="all", help="'all' or 'default' (Cavs switch variants)")
     ap.add_argument("--all-systems", action="store_true",
                     help="every system instead of the Cavs variants (writes bench-systems.csv)")
+    ap.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"),
+                    help="time one baseline cell with baselines/ of two git revisions ('worktree': this "
+                         "tree), interleaved; prints before/after (use with --system, --workload, --h)")
+    ap.add_argument("--system", default="dynet", help="--compare: the system")
+    ap.add_argument("--workload", default="tree_lstm", help="--compare: the workload")
+    ap.add_argument("--h", type=int, default=64, help="--compare: the hidden size")
+    ap.add_argument("--samples", type=int, default=512, help="--compare: samples timed (file order, bs 64)")
+    ap.add_argument("--leaves", type=int, default=256, help="--compare: Tree-FC leaves")
+    ap.add_argument("--options", default="{}", help="--compare: constructor options (JSON)")
     args = ap.parse_args(argv)
+    if args.compare:
+        return compare(args)
     import cavs
     import pandas as pd
 

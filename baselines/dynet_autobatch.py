@@ -110,6 +110,14 @@ class DynetSystem(System):
 
     # ------------------------------------------------------------ parameters
 
+    # The chain cell uses DyNet's fused LSTM nodes, whose vanilla_lstm_gates adds 1 to the forget
+    # gate's pre-activation (VanillaLSTMBuilder's forget bias): DyNet holds b - 1 in the forget
+    # columns, and the parameter interface adds the 1 back.
+    def _forget_shift(self, name):
+        if name == "b" and self.workload in ("fixed_lstm", "var_lstm"):
+            return workloads.forget_gate_columns(self.workload, self.hidden)
+        return None
+
     def set_params(self, params):
         for name, p in self.params.items():
             value = np.asarray(params[name], dtype=np.float32)
@@ -118,11 +126,19 @@ class DynetSystem(System):
             if name == "emb":
                 p.init_from_array(value)
             else:
+                if self._forget_shift(name) is not None:
+                    value = value.copy()
+                    value[self._forget_shift(name)] -= 1.0
                 p.set_value(np.ascontiguousarray(value.T))
 
     def get_params(self):
-        return {name: (p.as_array() if name == "emb" else p.as_array().T).astype(np.float32)
-                for name, p in self.params.items()}
+        out = {}
+        for name, p in self.params.items():
+            value = (p.as_array() if name == "emb" else p.as_array().T).astype(np.float32)
+            if self._forget_shift(name) is not None:
+                value[self._forget_shift(name)] += 1.0
+            out[name] = value
+        return out
 
     # ------------------------------------------------------------ batches
 
@@ -172,22 +188,20 @@ class DynetSystem(System):
                 for v, label in enumerate(g.labels) if label >= 0]
 
     def _lstm(self, g, order, p):
+        """DyNet's fused LSTM nodes (gates i, f, o, g as ours; see _forget_shift), three nodes a
+        step. The first step's state is zero: it computes i, o, u from x Wx + b alone, c = i * u."""
         dy, h = self.dy, self.hidden
         hs, cs = [None] * g.num_vertices, [None] * g.num_vertices
         for v in order:
-            tok, child = g.tokens[v], g.children[v, 0]
-            pre = [p["b"]]
-            if tok >= 0:
-                pre += [p["Wx"], p["emb"][int(tok)]]
+            x, child = p["emb"][int(g.tokens[v])], g.children[v, 0]
             if child >= 0:
-                pre += [p["Wh"], hs[child]]
-            gates = dy.affine_transform(pre)
-            ifo = dy.logistic(dy.pick_range(gates, 0, 3 * h))
-            u = dy.tanh(dy.pick_range(gates, 3 * h, 4 * h))
-            c = dy.cmult(dy.pick_range(ifo, 0, h), u)
-            if child >= 0:
-                c = dy.esum([c, dy.cmult(dy.pick_range(ifo, h, 2 * h), cs[child])])
-            hs[v], cs[v] = dy.cmult(dy.pick_range(ifo, 2 * h, 3 * h), dy.tanh(c)), c
+                gates = dy.vanilla_lstm_gates(x, hs[child], p["Wx"], p["Wh"], p["b"])
+                c = dy.vanilla_lstm_c(cs[child], gates)
+                hs[v], cs[v] = dy.vanilla_lstm_h(c, gates), c
+            else:
+                pre = dy.affine_transform([p["b"], p["Wx"], x])
+                c = dy.cmult(dy.logistic(dy.pick_range(pre, 0, h)), dy.tanh(dy.pick_range(pre, 3 * h, 4 * h)))
+                hs[v], cs[v] = dy.cmult(dy.logistic(dy.pick_range(pre, 2 * h, 3 * h)), dy.tanh(c)), c
         return self._losses(g, hs, p)
 
     def _children(self, g, v, hs):

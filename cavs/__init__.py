@@ -1,16 +1,32 @@
 """Cavs: a vertex-centric runtime for dynamic neural networks (Xu et al., USENIX ATC 2018).
 
     import cavs
-    model = cavs.models.build("tree_lstm", hidden=64, seed=0, dtype="float64")
-    batch = model.make_batch(samples)
-    engine = cavs.Engine(model, backend="numpy", policy="batched")
-    loss, grads = engine.loss_and_grads(batch)
-"""
-from . import datasets, graphs, workloads
-from .engine import Engine
-from .graphs import InputError
-from .vertex import TraceError, concat, relu, sigmoid, tanh, trace
-from . import models  # noqa: E402  (models use the vertex-function API above)
+    from cavs import concat, sigmoid, tanh
 
-__all__ = ["Engine", "InputError", "TraceError", "concat", "relu", "sigmoid", "tanh", "trace",
-           "datasets", "graphs", "workloads", "models"]
+    def cell(v, p):                      # one vertex: gather / scatter / pull / push and math ops
+        ...
+    model = cavs.Model(cell, params={...}, arity=K, state=S, embedding=(V, E), classes=C)
+    batch = model.make_batch([cavs.Graph.from_children([[], [], [0, 1]], tokens=[4, 9, -1],
+                                                       labels=[-1, -1, 2], name="tree 1")])
+    engine = cavs.Engine(model, optimizer=cavs.optim.Adagrad(lr=0.05))
+    loss = engine.step(batch)
+    probs = engine.predict(batch)
+
+The paper's four models are built the same way: `cavs.models.build("tree_lstm", hidden=64)`.
+"""
+import sys
+
+from . import graphs, optim
+from .engine import Engine
+from .graphs import Graph, InputError
+from .model import Batch, Model
+from .vertex import TraceError, concat, relu, sigmoid, tanh, trace
+from . import models  # noqa: E402  (the models use the public API above)
+from .models import datasets, workloads  # noqa: E402  (the four workloads' data and sizes)
+
+# `cavs.workloads` and `cavs.datasets` moved beside the models; the old import paths still work
+sys.modules[__name__ + ".workloads"] = workloads
+sys.modules[__name__ + ".datasets"] = datasets
+
+__all__ = ["Engine", "Model", "Graph", "Batch", "InputError", "TraceError", "optim", "concat", "relu",
+           "sigmoid", "tanh", "trace", "graphs", "models", "datasets", "workloads"]

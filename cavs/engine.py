@@ -17,21 +17,22 @@ op over each task's rows compute the same numbers (only summation order of reduc
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import fusion
+from . import fusion, optim
 from .backend import get_backend
 from .grad import GradientFunction
-from .loss import softmax_cross_entropy
+from .loss import softmax, softmax_cross_entropy
+from .model import EMBEDDING
 from .memory import Counters, DynamicTensor, LossPlan, MessagePlans, PullPlan
 from .ops import OPS, Node
 from .scheduler import POLICIES
 from .support import COMPUTE, SKIP, ZERO, actions, ranges
-from .workloads import LEARNING_RATE
 
 PHASES = ("eager", "loop", "lazy")
 STREAM_CHUNKS = 4      # streaming: eager work is cut into this many pieces along the task order
@@ -162,11 +163,14 @@ class Engine:
     """Batched training and inference of one model's vertex function over input graphs."""
 
     def __init__(self, model, backend: str | None = None, policy: str = "batched", *,
+                 optimizer: "optim.Optimizer | None" = None,
                  lazy: bool = True, eager: bool = True, fusion: bool | None = None,
                  streaming: bool | None = None, threads: int | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
         self.model, self.policy = model, policy
+        # WORKLOADS.md's rule by default: SGD, lr 1.0, gradients clipped to a global norm of 5.0
+        self.optimizer = optimizer if optimizer is not None else optim.SGD(lr=1.0, clip_norm=5.0)
         self.backend = get_backend(backend)
         # defaults = the fastest combination measured (README): fusion everywhere (on the CPU the
         # generated Numba kernels beat NumPy's per-op loops 3-4x on the cell's elementwise work);
@@ -183,8 +187,10 @@ class Engine:
         self.dtype = np.dtype(model.dtype)
         self._params = {k: self.backend.asarray(v, dtype=self.dtype) for k, v in model.init_params().items()}
         self.params = ParamView(self)
-        # gradient accumulators, zeroed in place per batch (reduce steps hold references to them)
-        self._grads = {k: self.xp.zeros_like(v) for k, v in self._params.items() if k != "emb"}
+        # gradient accumulators, zeroed in place per batch (reduce steps hold references to them);
+        # the embedding's gradient is per row read (sparse), see _backward
+        self._grads = {k: self.xp.zeros_like(v) for k, v in self._params.items() if k != EMBEDDING}
+        self.optimizer.bind(self.xp, self._params)
         self.counters = Counters()
         self.timings = Timings()
         self._compile(model.F, model.dF)
@@ -404,19 +410,24 @@ class Engine:
 
     # ------------------------------------------------------------ per batch: memory binding
 
-    def _prepare(self, batch):
+    def _prepare(self, batch, predict: bool = False):
+        """This batch's schedule and plans (cached on the batch). `predict` computes the pushed
+        output at every vertex, not only where a label is."""
         t0 = time.perf_counter()
+        be, key = self.backend.name, (self.policy, id(self.model), predict)
         self._sched = batch.schedule(self.policy)
-        self._plans = batch.cached(("plans", self.policy, self.backend.name),
-                                   lambda: MessagePlans(self._sched, self.backend))
-        self._loss_plan = batch.cached(("loss", self.policy, self.backend.name),
-                                       lambda: LossPlan(self._sched, self.backend))
-        self._actions = batch.cached(("actions", self.policy, id(self.model)),
-                                     lambda: actions(self.model.F, self.model.dF, self._sched))
+        self._plans = batch.cached(("plans", self.policy, be), lambda: MessagePlans(self._sched, self.backend))
+        self._loss_plan = batch.cached(("loss", self.policy, be), lambda: LossPlan(self._sched, self.backend))
+        self._actions = batch.cached(("actions", *key),
+                                     lambda: actions(self.model.F, self.model.dF, self._sched, predict))
         pull_read = np.logical_or.reduce([self._actions[p] != SKIP for p in self._pulls]) \
             if self._pulls else np.zeros(self._sched.num_tasks, dtype=bool)
-        self._pull_plan = batch.cached(("pull", self.policy, self.backend.name, id(self.model)),
-                                       lambda: PullPlan(self._sched, self.backend, pull_read))
+        self._pull_plan = batch.cached(("pull", be, *key), lambda: PullPlan(self._sched, self.backend, pull_read))
+        if self.model.uses_features:     # the batch's features are its pull table
+            self._pull_table = batch.cached(("features", be), lambda: self.backend.asarray(
+                batch.forest.features, dtype=self.dtype))
+        elif self._pulls:
+            self._pull_table = self._params[EMBEDDING]
         self.timings.construct_s += time.perf_counter() - t0
         self._bind(self._sched.num_rows)
 
@@ -577,22 +588,22 @@ class Engine:
 
     # ------------------------------------------------------------ forward, loss, backward
 
-    def _forward(self, want_grad: bool):
+    def _forward(self, want_grad: bool, predict: bool = False):
         A = self._arrays
         t0 = time.perf_counter()
         for p in self._pulls:                # F's entry: the embedding lookup fills the pull buffer
             buf, plan = A[self._slot[p]], self._pull_plan
             if plan.prefix is not None:
-                self.backend.take_rows(self._params["emb"], plan.tokens, buf[:plan.prefix])
+                self.backend.take_rows(self._pull_table, plan.tokens, buf[:plan.prefix])
             else:
-                buf[plan.rows] = self._params["emb"][plan.tokens]
+                buf[plan.rows] = self._pull_table[plan.tokens]
             if len(plan.zero_rows):             # rows without input that some task reads as zeros
                 buf[plan.zero_rows] = 0
             self.counters.kernels["pull"] += 1
             self.counters.bytes_moved["pull"] += plan.num_rows * buf.shape[1] * self.dtype.itemsize
         self.timings.memory_s += time.perf_counter() - t0
         self._run(self._plan(self.forward_phases))
-        return self._loss(want_grad)
+        return None if predict else self._loss(want_grad)
 
     def _loss(self, want_grad: bool):
         A, plan = self._arrays, self._loss_plan
@@ -601,8 +612,10 @@ class Engine:
         h = pushed if plan.all_rows else pushed[plan.rows]     # F's exit: read the pushed rows
         self.counters.bytes_moved["push"] += 0 if plan.all_rows else h.nbytes
         self.timings.memory_s += time.perf_counter() - t0
+        # "mean": the average over the batch's labelled vertices (WORKLOADS.md); "sum": their sum
+        scale = 1.0 / max(1, len(plan.labels)) if self.model.reduction == "mean" else 1.0
         loss, dh, dw, db = softmax_cross_entropy(self.backend, h, self._params["Wout"], self._params["bout"],
-                                                 plan.labels, want_grad)
+                                                 plan.labels, want_grad, scale)
         self.counters.kernels["loss"] += 1
         if want_grad:
             self._grads["Wout"] += dw
@@ -619,7 +632,8 @@ class Engine:
         A, n_rows = self._arrays, self._sched.num_rows
         A[self._slot[self._dstate]][:n_rows].fill(0)
         self._run(self._plan(self.backward_phases), reverse=True)
-        if self._dpull is not None:          # F's exit in reverse: d(pull) to the embedding rows
+        self._emb_grad = None
+        if self._dpull is not None and not self.model.uses_features:   # d(pull) to the embedding rows
             t0 = time.perf_counter()
             plan = self._pull_plan
             d = A[self._slot[self._dpull]]
@@ -627,31 +641,88 @@ class Engine:
             self.counters.bytes_moved["push"] += self._emb_grad.nbytes
             self.timings.memory_s += time.perf_counter() - t0
 
+    def _row_grads(self):
+        """The embedding's gradient as one summed row per distinct token read: (rows, grads)."""
+        if self._emb_grad is None:
+            return None, None
+        plan = self._pull_plan
+        compact = self.xp.zeros((len(plan.unique_tokens), self._emb_grad.shape[1]), dtype=self.dtype)
+        self.backend.add_rows(compact, plan.token_slot, self._emb_grad)
+        return plan.unique_tokens, compact
+
     # ------------------------------------------------------------ public API
 
     def loss_and_grads(self, batch):
         """(loss, {parameter name: gradient as a numpy array}) for one batch."""
         loss = self._pass(batch)
         grads = {n: np.array(self.backend.to_numpy(g)) for n, g in self._grads.items()}
-        emb = self.xp.zeros_like(self._params["emb"])
-        self.backend.add_rows(emb, self._pull_plan.tokens, self._emb_grad)
-        grads["emb"] = self.backend.to_numpy(emb)
+        if EMBEDDING in self._params:
+            emb = np.zeros(self._params[EMBEDDING].shape, dtype=self.dtype)
+            rows, g = self._row_grads()
+            if rows is not None:
+                emb[self.backend.to_numpy(rows)] = self.backend.to_numpy(g)
+            grads[EMBEDDING] = emb
         return loss, grads
 
-    def step(self, batch, lr: float = LEARNING_RATE) -> float:
-        """One SGD step on the summed loss of the batch; returns the loss before the update."""
+    def step(self, batch) -> float:
+        """One update with the engine's optimizer; returns the loss before the update."""
         loss = self._pass(batch)
         t0 = time.perf_counter()
-        for name, g in self._grads.items():
-            p = self._params[name]
-            p -= lr * g
-        self.backend.add_rows(self._params["emb"], self._pull_plan.tokens, self._emb_grad, scale=-lr)
+        rows, row_grads = self._row_grads()
+        self.optimizer.update(self.backend, self._params, self._grads,
+                              EMBEDDING if rows is not None else None, rows, row_grads)
+        self.backend.synchronize()
         self.timings.compute_s += time.perf_counter() - t0
         return loss
 
     def infer(self, batch) -> float:
         """Forward and loss only."""
         return self._pass(batch, train=False)
+
+    def predict(self, batch) -> list:
+        """Per graph of the batch, a (num_vertices, classes) array of softmax probabilities of
+        the head on what each vertex pushed, rows in the graph's own vertex order."""
+        self._prepare(batch, predict=True)
+        self.counters.reset()
+        t0 = time.perf_counter()
+        self._forward(want_grad=False, predict=True)
+        n = self._sched.num_rows
+        probs = softmax(self.backend, self._arrays[self._slot[self._pushed]][:n],
+                        self._params["Wout"], self._params["bout"])
+        probs = self.backend.to_numpy(probs)
+        self.timings.compute_s += time.perf_counter() - t0
+        by_vertex = np.empty_like(probs)
+        by_vertex[self._sched.order] = probs
+        offsets = batch.forest.offsets
+        return [by_vertex[offsets[i]:offsets[i + 1]] for i in range(batch.num_samples)]
+
+    def save(self, path) -> None:
+        """Parameters, the optimizer (its type and settings) and its state in one .npz file."""
+        to_np = self.backend.to_numpy
+        np.savez(path, **{f"param/{k}": to_np(v) for k, v in self._params.items()},
+                 **{f"optim/{k}": v for k, v in self.optimizer.state_dict(to_np).items()},
+                 optimizer=np.array(json.dumps(self.optimizer.config())))
+
+    @classmethod
+    def load(cls, path, model, **engine_options) -> "Engine":
+        """An engine for `model` that continues where the saved one stopped: its parameters, and
+        its optimizer rebuilt from the saved type and settings with the saved state (pass
+        `optimizer=` to use another; its state is then loaded only if it is of the saved type)."""
+        with np.load(path, allow_pickle=False) as f:
+            saved = {k: f[k] for k in f.files}
+        config = json.loads(str(saved.pop("optimizer")))
+        if engine_options.get("optimizer") is None:
+            engine_options["optimizer"] = optim.from_config(config)
+        engine = cls(model, **engine_options)
+        params = {k[len("param/"):]: v for k, v in saved.items() if k.startswith("param/")}
+        if set(params) != set(engine._params):
+            raise ValueError(f"{path}: holds parameters {sorted(params)}, the model has {sorted(engine._params)}")
+        for name, value in params.items():
+            engine.params[name] = value
+        if type(engine.optimizer).__name__ == config["type"]:
+            engine.optimizer.load_state_dict(engine.backend, {k[len("optim/"):]: v for k, v in saved.items()
+                                                              if k.startswith("optim/")}, engine.dtype)
+        return engine
 
     def _pass(self, batch, train: bool = True) -> float:
         self._prepare(batch)

@@ -46,6 +46,7 @@ class Graph:
     tokens: np.ndarray    # (n,) int64, -1 = no external input
     labels: np.ndarray    # (n,) int64, -1 = no loss at this vertex
     name: str = "sample"
+    features: np.ndarray | None = None   # (n, D) float inputs, for models declared with inputs=D
 
     @property
     def num_vertices(self) -> int:
@@ -54,6 +55,57 @@ class Graph:
     @property
     def arity(self) -> int:
         return self.children.shape[1]
+
+    @classmethod
+    def from_children(cls, children, tokens=None, labels=None, features=None, name: str = "graph") -> "Graph":
+        """A graph from ragged child lists: `children[v]` lists v's children in slot order
+        (gather(k) reads the k-th). Vertices may come in any order and a vertex may be the
+        child of several parents (a DAG); cycles are found when the graph is batched."""
+        try:
+            lists = [list(c) for c in children]
+        except TypeError:
+            raise InputError(f"{name}: children must be a list of child lists, one per vertex") from None
+        n = len(lists)
+        if n == 0:
+            raise InputError(f"{name}: empty graph (no vertices)")
+        width = max(1, max(len(c) for c in lists))
+        arr = np.full((n, width), -1, dtype=np.int64)
+        for v, c in enumerate(lists):
+            for k, child in enumerate(c):
+                if not isinstance(child, (int, np.integer)) or isinstance(child, bool):
+                    raise InputError(f"{name}: vertex {v} child {k} is {child!r}, not a vertex index")
+                arr[v, k] = child
+        listed = np.arange(width) < np.array([len(c) for c in lists])[:, None]
+        bad = listed & ((arr < 0) | (arr >= n))
+        if bad.any():
+            v, k = (int(x) for x in np.argwhere(bad)[0])
+            raise InputError(f"{name}: vertex {v} child {k} is {lists[v][k]}, out of range for a graph "
+                             f"of {n} vertices")
+        return cls._checked(arr, tokens, labels, features, name)
+
+    @classmethod
+    def from_parents(cls, parents, tokens=None, labels=None, features=None, name: str = "graph") -> "Graph":
+        """A tree from `parents[v]` (-1 for the root); children keep increasing vertex order."""
+        g = from_parent_array(parents, name=name)
+        return cls._checked(g.children, tokens, labels, features, name)
+
+    @classmethod
+    def _checked(cls, children, tokens, labels, features, name) -> "Graph":
+        n = len(children)
+        arrays = {}
+        for what, values in (("tokens", tokens), ("labels", labels)):
+            a = _arr(values, n)
+            if a.shape != (n,):
+                raise InputError(f"{name}: {what} has {len(a)} entries for {n} vertices")
+            arrays[what] = a
+        if features is not None:
+            features = np.asarray(features)
+            if features.ndim != 2 or len(features) != n or features.dtype.kind not in "fiu":
+                raise InputError(f"{name}: features must be a numeric (num_vertices={n}, D) array, "
+                                 f"got shape {features.shape}")
+        g = cls(children, arrays["tokens"], arrays["labels"], name, features)
+        validate(g, acyclic=False)
+        return g
 
 
 def validate(g: Graph, arity: int | None = None, acyclic: bool = True) -> None:
@@ -336,6 +388,7 @@ class Forest:
     offsets: np.ndarray    # (num_samples + 1,) first global id of each sample
     names: list[str]
     level: np.ndarray      # (N,) longest path from a leaf (the batched scheduler's frontier)
+    features: np.ndarray | None = None   # (N, D) the graphs' features (models with inputs=D)
 
     @property
     def num_vertices(self) -> int:
@@ -346,13 +399,21 @@ class Forest:
         return len(self.names)
 
 
-def make_forest(graphs: list[Graph], arity: int) -> Forest:
+def make_forest(graphs: list[Graph], arity: int, features: int | None = None) -> Forest:
     """Validates every graph against the vertex function's arity and concatenates them; the
-    acyclicity check runs once over the whole batch (its levels are the schedule's frontiers)."""
+    acyclicity check runs once over the whole batch (its levels are the schedule's frontiers).
+    With `features=D` each graph must carry (n, D) features; they become the batch's pull table
+    and every vertex's token is its own row in it."""
     if not graphs:
         raise InputError("empty batch: no samples were given")
     for g in graphs:
         validate(g, arity, acyclic=False)
+        if features is not None:
+            f = g.features
+            if f is None or f.ndim != 2 or f.shape != (g.num_vertices, features):
+                got = "none" if f is None else f"shape {f.shape}"
+                raise InputError(f"{g.name}: the model reads {features} features per vertex; "
+                                 f"the graph has {got}, expected ({g.num_vertices}, {features})")
     sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     children = np.full((offsets[-1], arity), -1, dtype=np.int64)
@@ -362,8 +423,11 @@ def make_forest(graphs: list[Graph], arity: int) -> Forest:
     names = [g.name for g in graphs]
     level = levels(children)
     _raise_on_cycle(level, names, offsets)
-    return Forest(children,
-                  np.concatenate([g.tokens for g in graphs]),
+    if features is None:
+        tokens, table = np.concatenate([g.tokens for g in graphs]), None
+    else:
+        tokens, table = np.arange(offsets[-1], dtype=np.int64), np.concatenate([g.features for g in graphs])
+    return Forest(children, tokens,
                   np.concatenate([g.labels for g in graphs]),
                   np.repeat(np.arange(len(graphs)), sizes),
-                  offsets, names, level)
+                  offsets, names, level, table)

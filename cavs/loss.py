@@ -9,8 +9,9 @@ from __future__ import annotations
 CPU_BLOCK_BYTES = 1 << 20
 
 
-def softmax_cross_entropy(be, h, w, b, labels, want_grad: bool):
-    """Returns (loss, dh, dW, db); the gradients are None when want_grad is False."""
+def softmax_cross_entropy(be, h, w, b, labels, want_grad: bool, scale: float = 1.0):
+    """Returns (scale * loss, dh, dW, db) with the gradients of the scaled loss; the gradients
+    are None when want_grad is False."""
     xp = be.xp
     n, classes = h.shape[0], w.shape[1]
     logits = xp.empty((n, classes), dtype=h.dtype)
@@ -35,7 +36,10 @@ def softmax_cross_entropy(be, h, w, b, labels, want_grad: bool):
         if want_grad:
             z /= total[:, None]                # softmax probabilities
             z[r, y] -= 1.0                     # d loss / d logits
+            if scale != 1.0:
+                z *= scale
             db += z.sum(axis=0)
+    loss *= scale
     if not want_grad:
         return loss, None, None, None
     dh = xp.empty_like(h)
@@ -43,3 +47,15 @@ def softmax_cross_entropy(be, h, w, b, labels, want_grad: bool):
     be.gemm(dh, logits, w.T)
     be.gemm(dw, h.T, logits)
     return loss, dh, dw, db
+
+
+def softmax(be, h, w, b):
+    """Row-wise softmax of `h W + b` (predictions), with the same max shift as the loss."""
+    xp = be.xp
+    z = xp.empty((h.shape[0], w.shape[1]), dtype=h.dtype)
+    be.gemm(z, h, w)
+    z += b
+    z -= z.max(axis=1, keepdims=True)
+    xp.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z

@@ -101,7 +101,11 @@ class PullPlan:
         # rows are in task order, so on trees the leaves (with words) are a prefix: one take
         self.prefix = len(rows) if (rows == np.arange(len(rows))).all() else None
         self.rows = backend.index(rows)
-        self.tokens = backend.index(sched.tokens[rows])
+        tokens = sched.tokens[rows]
+        self.tokens = backend.index(tokens)
+        # the embedding's sparse gradient: one summed row per distinct token (optim.py)
+        unique, slot = np.unique(tokens, return_inverse=True)
+        self.unique_tokens, self.token_slot = backend.index(unique), backend.index(slot)
         # rows without input in the tasks that read pull(): the only ones that must hold zeros
         read_rows = np.repeat(read_tasks, np.diff(sched.bounds))
         self.zero_rows = backend.index(np.flatnonzero(read_rows & ~has))

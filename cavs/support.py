@@ -25,8 +25,9 @@ def _any_per_task(rows_mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return np.add.reduceat(rows_mask.astype(np.int64), bounds[:-1]) > 0
 
 
-def actions(F, dF, sched) -> dict:
-    """{node: int8 array over tasks of SKIP / ZERO / COMPUTE} for every node that does work."""
+def actions(F, dF, sched, predict: bool = False) -> dict:
+    """{node: int8 array over tasks of SKIP / ZERO / COMPUTE} for every node that does work.
+    With `predict`, push is read at every vertex (predictions), not only where a label is."""
     T = sched.num_tasks
     every = np.ones(T, dtype=bool)
     has_pull = _any_per_task(sched.tokens >= 0, sched.bounds)
@@ -69,7 +70,7 @@ def actions(F, dF, sched) -> dict:
         if n.op == "scatter":
             reads = every
         elif n.op == "push":
-            reads = has_label
+            reads = every if predict else has_label
         elif n.op == "push_grad_input":
             reads = has_pull
         elif n.op == "scatter_grad_child":

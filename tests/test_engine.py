@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 from baselines.pytorch_sample import PytorchSampleSystem  # noqa: E402
 
 
-def engine_for(workload, policy="batched", hidden=5, **options):
-    model = cavs.models.build(workload, hidden=hidden, seed=3, dtype="float64", leaves=8)
+def engine_for(workload, policy="batched", hidden=5, reduction="mean", **options):
+    model = cavs.models.build(workload, hidden=hidden, seed=3, dtype="float64", leaves=8, reduction=reduction)
     return model, cavs.Engine(model, backend=backend_name(), policy=policy, **options)
 
 
@@ -63,7 +63,7 @@ def test_batched_and_serial_policies_agree(workload, small_samples):
 @pytest.mark.parametrize("workload", ["tree_lstm", "var_lstm"])
 def test_sample_contribution_independent_of_batch_mates_and_order(workload, small_samples):
     samples = small_samples[workload]
-    model, engine = engine_for(workload)
+    model, engine = engine_for(workload, reduction="sum")    # a sum: each sample's terms add up
     alone = [engine.loss_and_grads(model.make_batch([s])) for s in samples]
     together = engine.loss_and_grads(model.make_batch(samples))
     shuffled = engine.loss_and_grads(model.make_batch(samples[::-1]))
@@ -75,15 +75,18 @@ def test_sample_contribution_independent_of_batch_mates_and_order(workload, smal
         assert_close(shuffled[1][name], together[1][name], 1e-10, f"reordered batch d/d{name}")
 
 
-def test_step_applies_sgd_and_infer_matches_forward(small_samples):
+def test_step_applies_the_default_rule_and_infer_matches_forward(small_samples):
+    """WORKLOADS.md's rule: SGD, lr 1.0, on the mean loss, gradients clipped to a global norm of 5."""
     model, engine = engine_for("tree_lstm")
     batch = model.make_batch(small_samples["tree_lstm"])
     before = {k: v.copy() for k, v in engine.params.items()}
     loss, grads = engine.loss_and_grads(batch)
     assert engine.infer(batch) == pytest.approx(loss, rel=1e-12)
     assert engine.step(batch) == pytest.approx(loss, rel=1e-12)
+    norm = np.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+    coef = min(1.0, 5.0 / (norm + 1e-6))
     for name, g in grads.items():
-        np.testing.assert_allclose(engine.params[name], before[name] - 0.05 * g, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(engine.params[name], before[name] - coef * g, rtol=1e-12, atol=1e-14)
 
 
 def test_only_message_ops_move_memory():
@@ -155,9 +158,8 @@ def test_parent_array_reader():
         cavs.graphs.from_parent_array([1, 0, -1], name="p")
 
 
-def _model_with(cell, workload="tree_fc"):
-    cell.state_width = lambda hidden: hidden
-    return cavs.models.Model(workload, cell, hidden=4, leaves=4)
+def _model_with(cell):
+    return cavs.Model(cell, {"W": (8, 4), "b": (4,)}, arity=2, state=4, embedding=(10, 4), classes=5)
 
 
 def test_trace_errors_name_the_line_and_op():

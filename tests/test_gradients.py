@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 
 import cavs
-from cavs.graphs import Graph
-from cavs.models import Batch, Model
-from cavs.graphs import make_forest
+from cavs import Batch, Model
+from cavs.graphs import Graph, make_forest
 from tests.conftest import backend_name
 
 
@@ -67,10 +66,6 @@ def cell_overlapping_slices(v, p):
     v.push(h)
 
 
-for c in (cell_relu_sub, cell_mul_neg_sigmoid, cell_overlapping_slices):
-    c.state_width = lambda hidden: hidden
-
-
 def dag_batch(model):
     """A DAG whose vertex 2 has two parents, and a vertex that gathers the same child twice."""
     children = np.array([[-1, -1], [-1, -1], [0, 1], [2, 1], [2, 3], [4, 4]])
@@ -83,7 +78,8 @@ def dag_batch(model):
 @pytest.mark.parametrize("cell", [cell_relu_sub, cell_mul_neg_sigmoid, cell_overlapping_slices])
 @pytest.mark.parametrize("policy", ["batched", "serial"])
 def test_op_gradient_rules(cell, policy):
-    model = Model("tree_fc", cell, hidden=4, seed=5, dtype="float64", leaves=4)
+    model = Model(cell, {"W": (8, 4), "b": (4,)}, arity=2, state=4, embedding=(10, 4), classes=5,
+                  seed=5, dtype="float64")
     engine = cavs.Engine(model, backend=backend_name(), policy=policy)
     finite_difference_check(engine, dag_batch(model), np.random.default_rng(1), per_param=8)
 

@@ -97,7 +97,7 @@ def test_affine_sum_writes_bias_where_no_matmul_computes():
     with the bias, [hl; hr] Uh accumulates), a vertex with children only ([hl; hr] Uh writes
     with the bias); the same numbers as unfused, gradients included."""
     from cavs.graphs import Graph, make_forest
-    from cavs.models import Batch
+    from cavs import Batch
     g = Graph(np.array([[-1, -1], [-1, -1], [0, 1], [2, 1]]), np.array([-1, -1, 5, -1]),
               np.array([1, 2, 3, 0]), "hand-made DAG")
     results = {}
@@ -127,12 +127,13 @@ def test_affine_sum_terms_run_in_phase_order_not_trace_order(small_samples):
         h = sigmoid(o) * tanh(c)
         v.scatter(concat(h, c))
         v.push(h)
-    h_first.state_width = lambda hidden: 2 * hidden
 
+    lm = cavs.models.build("var_lstm", hidden=6)      # its vocabulary and reader of PTB samples
     samples = small_samples["var_lstm"]
     results = {}
     for options in ({"fusion": False}, {"fusion": True, "eager": True}, {"fusion": True, "eager": False}):
-        model = cavs.models.Model("var_lstm", h_first, hidden=6, seed=4, dtype="float64")
+        model = cavs.Model(h_first, {"Wx": (6, 24), "Wh": (6, 24), "b": (24,)}, arity=1, state=12,
+                           embedding=(lm.vocab, 6), classes=lm.classes, reader=lm.reader, seed=4, dtype="float64")
         engine = cavs.Engine(model, backend=backend_name(), **options)
         results[tuple(options.items())] = engine.loss_and_grads(model.make_batch(samples))
     (loss0, grads0), *rest = results.values()

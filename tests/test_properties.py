@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import cavs
 from cavs.graphs import Graph, make_forest
-from cavs.models import Batch
+from cavs import Batch
 
 
 @st.composite
@@ -25,7 +25,7 @@ def random_dag(draw, max_vertices=9):
     return Graph(children, tokens, labels, "random")
 
 
-MODEL = cavs.models.build("tree_lstm", hidden=3, seed=7, dtype="float64")
+MODEL = cavs.models.build("tree_lstm", hidden=3, seed=7, dtype="float64", reduction="sum")  # summed loss: per-sample terms add up
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

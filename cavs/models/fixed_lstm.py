@@ -1,5 +1,10 @@
-"""LSTM language model over fixed-length chains (64 tokens)."""
+"""LSTM language model over fixed-length chains (64 tokens of PTB)."""
+import numpy as np
+
+import cavs
 from cavs import concat, sigmoid, tanh
+
+from . import workloads
 
 
 def cell(v, p):
@@ -12,4 +17,10 @@ def cell(v, p):
     v.push(h)
 
 
-cell.state_width = lambda hidden: 2 * hidden
+def model(hidden: int, embed: int | None = None, workload: str = "fixed_lstm", **common) -> cavs.Model:
+    h, e, vocab = hidden, embed or hidden, len(workloads.datasets.ptb_vocab())
+    b = np.zeros(4 * h)
+    b[h:2 * h] = 1.0                              # forget-gate bias starts at 1
+    return cavs.Model(cell, {"Wx": (e, 4 * h), "Wh": (h, 4 * h), "b": b},
+                      arity=1, state=2 * h, embedding=(vocab, e), classes=vocab,
+                      reader=lambda samples: workloads.to_graphs(workload, samples), name=workload, **common)

@@ -1,5 +1,8 @@
-"""Tree-FC: a fully connected cell over complete binary trees."""
+"""Tree-FC: a fully connected cell over synthetic complete binary trees."""
+import cavs
 from cavs import concat, tanh
+
+from . import datasets, workloads
 
 
 def cell(v, p):
@@ -10,4 +13,8 @@ def cell(v, p):
     v.push(h)
 
 
-cell.state_width = lambda hidden: hidden
+def model(hidden: int, **common) -> cavs.Model:
+    h = hidden
+    return cavs.Model(cell, {"W": (2 * h, h), "b": (h,)}, arity=2, state=h,
+                      embedding=(datasets.TREE_FC_VOCAB, h), classes=datasets.TREE_FC_CLASSES,
+                      reader=lambda samples: workloads.to_graphs("tree_fc", samples), name="tree_fc", **common)

@@ -1,4 +1,8 @@
-"""LSTM language model, one sentence per chain: the same cell as Fixed-LSTM on chains of any length."""
-from .fixed_lstm import cell
+"""LSTM language model, one PTB sentence per chain: the Fixed-LSTM cell on chains of any length."""
+from . import fixed_lstm
 
-__all__ = ["cell"]
+cell = fixed_lstm.cell
+
+
+def model(hidden: int, **common):
+    return fixed_lstm.model(hidden, workload="var_lstm", **common)

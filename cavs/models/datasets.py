@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .graphs import InputError, SourceLine
+from ..graphs import InputError, SourceLine
 
-DATA_DIR = Path(os.environ.get("CAVS_DATA", Path(__file__).resolve().parent.parent / "data"))
+DATA_DIR = Path(os.environ.get("CAVS_DATA", Path(__file__).resolve().parents[2] / "data"))
 FIXED_T = 64
 TREE_FC_VOCAB = 1000
 TREE_FC_CLASSES = 5
@@ -48,7 +48,7 @@ def sst_lines(split: str) -> tuple[SourceLine, ...]:
 @functools.lru_cache(maxsize=None)
 def sst_vocab() -> dict[str, int]:
     """Lower-cased words of the SST training trees, ids 1..V in sorted order; 0 is unknown."""
-    from .graphs import parse_ptb_tree
+    from ..graphs import parse_ptb_tree
     words = set()
     for line in sst_lines("train"):
         _, leaf_words = parse_ptb_tree(line, None, line.origin)

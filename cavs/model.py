@@ -1,0 +1,157 @@
+"""A model: the user's vertex function, its parameters and its output head, traced once.
+
+    model = cavs.Model(cell, params={"W": (E, 3 * H), "b": (3 * H,)}, arity=K, state=2 * H,
+                       embedding=(V, E), classes=C, reduction="mean", seed=0, dtype="float32")
+    batch = model.make_batch([cavs.Graph.from_children(...), ...])
+
+`Model` traces `cell` into F and derives dF when it is built, so a mistake in the vertex function
+is a `TraceError` naming the user's line before any data is read. `make_batch` checks every graph
+against the model (arity, token range, label range, feature width) and raises `InputError` naming
+the graph and the vertex.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .grad import derive
+from .graphs import Graph, InputError, make_forest
+from .scheduler import schedule
+from .vertex import TraceError, trace
+
+REDUCTIONS = ("mean", "sum")
+HEAD = ("Wout", "bout")       # the softmax head on what push sends (outside F)
+EMBEDDING = "emb"             # the table pull() reads (outside F)
+
+
+def initial_values(specs: dict, seed: int, dtype) -> dict[str, np.ndarray]:
+    """Arrays for {name: shape or array}: a shape is drawn from `default_rng(seed)` in the given
+    order, uniform(-0.1, 0.1) for two or more dimensions and zeros for one (WORKLOADS.md); an
+    array is used as given. Drawn in float64 and then cast, so float32 and float64 runs start
+    from the same numbers."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, spec in specs.items():
+        if isinstance(spec, tuple):
+            value = np.zeros(spec) if len(spec) == 1 else rng.uniform(-0.1, 0.1, size=spec)
+        else:
+            value = np.asarray(spec, dtype=np.float64)
+        out[name] = value.astype(dtype)
+    return out
+
+
+class Batch:
+    """The input graphs of one batch (a Forest) and what the engine derives from them once."""
+
+    def __init__(self, forest, graphs=None):
+        self.forest = forest
+        self.graphs = graphs
+        self._cache = {}
+
+    def cached(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def schedule(self, policy: str):
+        return self.cached(("schedule", policy), lambda: schedule(self.forest, policy))
+
+    @property
+    def num_samples(self) -> int:
+        return self.forest.num_samples
+
+
+def _shape_of(name: str, spec) -> tuple:
+    if isinstance(spec, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in spec):
+        if not spec or any(d <= 0 for d in spec):
+            raise ValueError(f"parameter {name!r}: shape {tuple(spec)} must have positive sizes")
+        return tuple(int(d) for d in spec)
+    a = np.asarray(spec)
+    if a.dtype.kind not in "fiu" or a.ndim == 0:
+        raise ValueError(f"parameter {name!r}: give a shape tuple or a numeric array, got {type(spec).__name__}")
+    return a.shape
+
+
+class Model:
+    """One vertex function with its parameters, message widths, input and softmax head."""
+
+    def __init__(self, cell, params: dict | None = None, *, arity: int, state: int,
+                 embedding: tuple[int, int] | None = None, inputs: int | None = None,
+                 classes: int, reduction: str = "mean", seed: int = 0, dtype="float32",
+                 reader=None, name: str | None = None):
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        if embedding is not None and inputs is not None:
+            raise ValueError("give embedding=(V, E) (pull() reads a trained table) or inputs=D "
+                             "(pull() reads the graph's features), not both")
+        if not isinstance(arity, (int, np.integer)) or arity < 1:
+            raise ValueError(f"arity must be a positive integer, got {arity!r}")
+        params = dict(params or {})
+        for reserved in (EMBEDDING, *HEAD):
+            if reserved in params:
+                raise ValueError(f"parameter name {reserved!r} is reserved for the model's "
+                                 f"{'embedding' if reserved == EMBEDDING else 'softmax head'}")
+        self.cell, self.arity, self.state, self.classes = cell, int(arity), int(state), int(classes)
+        self.reduction, self.seed, self.reader = reduction, seed, reader
+        self.dtype = np.dtype(dtype).name
+        self.name = name or getattr(cell, "__name__", "model")
+        self.vocab, self.embed = (int(embedding[0]), int(embedding[1])) if embedding is not None else (None, None)
+        self.inputs = None if inputs is None else int(inputs)
+        input_width = self.embed if embedding is not None else self.inputs
+        shapes = {k: _shape_of(k, v) for k, v in params.items()}
+        self.F = trace(cell, self.arity, self.state, input_width, shapes)
+        if self.F.push is None:
+            raise TraceError(f"{self.name}: push was never called; the softmax head (classes={classes}) "
+                             "reads what the vertex function pushes")
+        self.dF = derive(self.F)
+        pushed = self.F.push.inputs[0].shape[0]
+        self._specs = {**({EMBEDDING: (self.vocab, self.embed)} if embedding is not None else {}),
+                       **{k: (tuple(v) if isinstance(v, (tuple, list)) else v) for k, v in params.items()},
+                       "Wout": (pushed, self.classes), "bout": (self.classes,)}
+        self.param_shapes = {k: _shape_of(k, v) for k, v in self._specs.items()}
+
+    @property
+    def uses_features(self) -> bool:
+        return self.inputs is not None
+
+    def init_params(self) -> dict[str, np.ndarray]:
+        return initial_values(self._specs, self.seed, self.dtype)
+
+    def make_batch(self, samples: list) -> Batch:
+        """`Graph`s (or the raw samples the model's reader takes) -> a checked, batched forest."""
+        if len(samples) == 0:
+            raise InputError(f"{self.name}: empty batch: no graphs were given")
+        if all(isinstance(s, Graph) for s in samples):
+            graphs = list(samples)
+        elif self.reader is not None:
+            graphs = self.reader(samples)
+        else:
+            bad = next(i for i, s in enumerate(samples) if not isinstance(s, Graph))
+            raise InputError(f"{self.name}: sample {bad} is a {type(samples[bad]).__name__}, not a "
+                             "cavs.Graph (build one with cavs.Graph.from_children or from_parents)")
+        forest = make_forest(graphs, self.arity, features=self.inputs)
+        self._check(forest)
+        return Batch(forest, graphs)
+
+    def _check(self, forest) -> None:
+        """Tokens and labels in range for this model, over the whole batch at once."""
+        def first_bad(mask, what):
+            v = int(np.flatnonzero(mask)[0])
+            i = int(np.searchsorted(forest.offsets, v, side="right")) - 1
+            local = v - int(forest.offsets[i])
+            raise InputError(f"{forest.names[i]}: vertex {local} {what(v)}")
+        labels = forest.labels
+        bad = (labels < -1) | (labels >= self.classes)
+        if bad.any():
+            first_bad(bad, lambda v: f"has label {int(labels[v])}, outside 0..{self.classes - 1} "
+                                     f"(or -1 for no loss)")
+        tokens = forest.tokens
+        if self.uses_features:
+            return
+        limit = self.vocab if self.vocab is not None else 0
+        bad = (tokens < -1) | (tokens >= limit)
+        if bad.any():
+            if self.vocab is None:
+                first_bad(bad, lambda v: f"has token {int(tokens[v])}, but the model declares no "
+                                         "embedding (give embedding=(V, E))")
+            first_bad(bad, lambda v: f"has token {int(tokens[v])}, outside the vocabulary "
+                                     f"0..{self.vocab - 1} (or -1 for no input)")

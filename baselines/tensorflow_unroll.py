@@ -3,8 +3,9 @@
 Fixed-LSTM: the graph is statically unrolled (a Python loop over the T steps inside a
 tf.function), as in TensorFlow's PTB language-model tutorial. Var-LSTM: the dynamic unroll of
 tf.nn.dynamic_rnn: a tf.while_loop over the longest sentence of the batch, every sample padded
-to it, state frozen and loss masked past each sample's length. The steps computed on padding
-are part of what the paper measures, so they are kept.
+to it, state frozen past each sample's length. The recurrent steps computed on padding are part
+of what the paper measures, so they are kept; the 10,000-class output layer runs only on the
+real positions (`tf.boolean_mask` with `tf.sequence_mask`), as a TensorFlow user masks them.
 
 Both run one compiled tf.function per train/infer step (forward, tf.GradientTape backward of the
 mean loss, tf.clip_by_global_norm, SGD `p -= lr * g`). Tracing is timed as construct_s and
@@ -129,10 +130,14 @@ class TensorflowSystem(System):
             out = tf.TensorArray(self.tf_dtype, size=steps)
             _, _, _, out = tf.while_loop(lambda t, *_: t < steps, body, (0, zeros, zeros, out))
             outputs = tf.transpose(out.stack(), [1, 0, 2])
-        logits = outputs @ self.vars["Wout"] + self.vars["bout"]
+        if self.workload == "fixed_lstm":          # every position is real
+            h, targets = tf.reshape(outputs, [-1, self.hidden]), tf.reshape(targets, [-1])
+        else:   # the output layer only on real positions: drop the padded rows first
+            real = tf.sequence_mask(lengths, tf.shape(ids)[1])
+            h, targets = tf.boolean_mask(outputs, real), tf.boolean_mask(targets, real)
+        logits = h @ self.vars["Wout"] + self.vars["bout"]
         ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
-        mask = tf.sequence_mask(lengths, tf.shape(ids)[1], dtype=self.tf_dtype)
-        return tf.reduce_sum(ce * mask) / tf.reduce_sum(mask)       # the mean over predicted tokens
+        return tf.reduce_mean(ce)                  # the mean over predicted tokens
 
     def _train(self, ids, targets, lengths):
         variables = list(self.vars.values())

@@ -110,19 +110,22 @@ class TensorflowSystem(System):
     def _loss(self, ids, targets, lengths):
         extra = self.timings.extra                 # Python runs here only while tracing
         extra["traces"] = extra.get("traces", 0) + 1
-        xs = tf.transpose(tf.gather(self.vars["emb"], ids), [1, 0, 2])    # time-major (T, B, E)
+        # time-major (T, B, E) inputs, split into steps once (tf.unstack, a TensorArray in the loop)
+        # as the PTB tutorial and Keras do: the gradient of `xs[t]` would be a full (T, B, E) tensor
+        xs = tf.transpose(tf.gather(self.vars["emb"], ids), [1, 0, 2])
         zeros = tf.zeros([tf.shape(ids)[0], self.hidden], self.tf_dtype)
         if self.workload == "fixed_lstm":
             h, c, outputs = zeros, zeros, []
-            for t in range(ids.shape[1]):          # static unroll: T copies of the cell
-                h, c = self._cell(xs[t], h, c)
+            for x in tf.unstack(xs, num=ids.shape[1]):    # static unroll: T copies of the cell
+                h, c = self._cell(x, h, c)
                 outputs.append(h)
             outputs = tf.stack(outputs, axis=1)
         else:
             steps = tf.shape(ids)[1]
+            inputs = tf.TensorArray(self.tf_dtype, size=steps).unstack(xs)
 
             def body(t, h, c, out):
-                h_new, c_new = self._cell(xs[t], h, c)
+                h_new, c_new = self._cell(inputs.read(t), h, c)
                 live = (t < lengths)[:, None]       # freeze the state past each sample's end
                 h, c = tf.where(live, h_new, h), tf.where(live, c_new, c)
                 return t + 1, h, c, out.write(t, h)

@@ -1,10 +1,11 @@
-"""`python -m experiments run EXPERIMENT [...]` and `python -m experiments list`."""
+"""`python -m experiments run EXPERIMENT [...]`, `python -m experiments list` and
+`python -m experiments results-dir` (the directory a sweep with no --results measures into)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import runner
+from . import executors, machine, runner
 from .profiles import PROFILES, get_profile
 from .registry import EXPERIMENTS, get_experiment
 
@@ -24,14 +25,39 @@ def parse_args(argv):
                      help="how much each cell measures (default: paper where a GPU is present, else cpu)")
     run.add_argument("--systems", type=_csv, help="comma-separated subset of the experiment's systems")
     run.add_argument("--panels", type=_csv, help="comma-separated subset of the experiment's panels")
-    run.add_argument("--results", default="results", help="directory of the CSVs (default: results)")
+    run.add_argument("--results", help="directory of the CSVs (default: results/ when it is empty or holds "
+                                        "this machine kind's results, else results/<this kind>/)")
     run.add_argument("--threads", type=int, default=1, help="compute threads per cell (default 1)")
     run.add_argument("--time-limit", type=float, help="seconds per cell (default: the profile's)")
     run.add_argument("--budget-min", type=float,
                      help="start no cell past this many minutes, 0 = no limit (default: the profile's)")
     run.add_argument("--retry-failed", action="store_true", help="rerun cells recorded as failed or timed out")
     run.add_argument("--dry-run", action="store_true", help="print the cells and an estimated duration only")
+    where = sub.add_parser("results-dir", help="print the directory a sweep measures into (see run --results)")
+    where.add_argument("--results", help="a directory named by the user: printed as is")
+    for p in (run, where):
+        p.add_argument("--executor", choices=("local", "ray"),
+                       help="where cells run: local (default; one at a time, here) or ray (Ray tasks)")
+        p.add_argument("--address", help="with --executor ray: 'auto' (the cluster this machine joined with "
+                                         "`ray start`) or ray://host:10001; default: a Ray instance started here")
     return parser, parser.parse_args(argv)
+
+
+def _executor(parser, args):
+    name = args.executor or ("ray" if args.address else "local")
+    if name == "local" and args.address:
+        parser.error("--address needs --executor ray")
+    return executors.make(name, args.address)
+
+
+def _results_dir(args, executor) -> str:
+    """The user's --results, else results/ or results/<kind>/ (the reason goes to stderr)."""
+    if args.results:
+        return args.results
+    kind = executor.kind()
+    path, why = machine.default_results_dir(kind)
+    print(f"results: {path} ({why})", file=sys.stderr)
+    return str(path)
 
 
 def _check_subset(parser, what: str, wanted, known):
@@ -55,8 +81,8 @@ def cmd_run(parser, args):
     _check_subset(parser, "panel", args.panels, [p.id for p in exp.panels])
     if args.threads < 1:
         parser.error("--threads must be at least 1")
-    profile = get_profile(args.profile or ("paper" if runner.gpu_present() else "cpu"))
     if args.dry_run:
+        profile = get_profile(args.profile or ("paper" if runner.gpu_present() else "cpu"))
         # every cell, installed or not: the estimate is for the full sweep
         cells = runner.plan(exp, profile, systems=args.systems, panels=args.panels, threads=args.threads,
                             check_available=False).cells
@@ -67,10 +93,22 @@ def cmd_run(parser, args):
               f"estimated {runner.estimate_s(cells, profile) / 60:.1f} min (cost model of profiles.py)"
               + (f"; the sweep stops at {profile.sweep_budget_s / 60:.0f} min" if profile.sweep_budget_s else ""))
         return 0
-    counts = runner.run(exp, profile, args.results, systems=args.systems, panels=args.panels,
-                        threads=args.threads, time_limit_s=args.time_limit, retry_failed=args.retry_failed,
-                        budget_s=None if args.budget_min is None else args.budget_min * 60)
-    print(f"{exp.name} ({profile.name}): " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
+    with _executor(parser, args) as executor:
+        profile = get_profile(args.profile or ("paper" if executor.gpu_present() else "cpu"))
+        results_dir = _results_dir(args, executor)
+        counts = runner.run(exp, profile, results_dir, systems=args.systems, panels=args.panels,
+                            threads=args.threads, time_limit_s=args.time_limit, retry_failed=args.retry_failed,
+                            budget_s=None if args.budget_min is None else args.budget_min * 60, executor=executor)
+    print(f"{exp.name} ({profile.name}) into {results_dir}: " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
+    return 0
+
+
+def cmd_results_dir(parser, args):
+    if args.results:
+        print(args.results)
+        return 0
+    with _executor(parser, args) as executor:
+        print(_results_dir(args, executor))
     return 0
 
 
@@ -79,6 +117,8 @@ def main(argv=None):
     if args.command == "list":
         cmd_list()
         return 0
+    if args.command == "results-dir":
+        return cmd_results_dir(parser, args)
     return cmd_run(parser, args)
 
 

@@ -2,7 +2,9 @@
 
 Each row is one os.write on an O_APPEND descriptor, made under an exclusive lock after checking that
 its cell id is not there yet: a runner killed at any moment leaves only whole rows, and a rerun (or a
-second runner) never duplicates a cell.
+second runner) never duplicates a cell. Only the sweep's driver writes (with the Ray executor, the cells'
+results travel back to it). A CSV written before a column was added gets the new header (rewritten to a
+temporary file and renamed over) the first time a row is appended to it.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ COLUMNS = (
     "experiment", "panel", "workload", "system", "variant", "options", "mode", "batch_size", "hidden",
     "leaves", "threads", "backend", "device", "samples", "epoch_samples", "construct_s", "compute_s",
     "memory_s", "total_s", "epoch_s", "extrapolated", "loss", "status", "git_rev", "profile", "cell_id",
-    "timestamp",
+    "timestamp", "node", "machine",       # the host a cell ran on and its kind (experiments/machine.py)
 )
 
 
@@ -50,17 +52,35 @@ def _format(values) -> bytes:
     return buf.getvalue().encode()
 
 
+def _header(path: Path) -> list[str] | None:
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, newline="") as f:
+        return next(csv.reader(f), None)
+
+
+def _rewrite(path: Path, header, rows) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(_format(header) + b"".join(_format([r.get(c) or "" for c in header]) for r in rows))
+    os.replace(tmp, path)
+
+
 def append_row(path: Path, row: dict) -> bool:
     """Appends `row` unless its cell is already recorded; False when it was."""
     unknown = set(row) - set(COLUMNS)
     if unknown:
         raise ValueError(f"not result columns: {sorted(unknown)}")
     with _locked(path):
-        exists = path.exists() and path.stat().st_size > 0
-        if exists and row["cell_id"] in done_ids(path):
-            return False
-        data = (b"" if exists else _format(COLUMNS)) + _format(["" if row.get(c) is None else row[c]
-                                                                 for c in COLUMNS])
+        header = _header(path)
+        if header is not None:
+            if row["cell_id"] in done_ids(path):
+                return False
+            wider = header + [c for c in COLUMNS if c not in header]
+            if wider != header:          # a CSV from before a column was added: give it the new header
+                _rewrite(path, wider, read_rows(path))
+                header = wider
+        data = (b"" if header else _format(COLUMNS)) + _format(["" if row.get(c) is None else row[c]
+                                                                 for c in header or COLUMNS])
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)
@@ -76,7 +96,5 @@ def drop_failed(path: Path) -> int:
         keep = [r for r in rows if r["status"] == "ok"]
         if len(keep) == len(rows):
             return 0
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(_format(COLUMNS) + b"".join(_format([r.get(c, "") for c in COLUMNS]) for r in keep))
-        os.replace(tmp, path)
+        _rewrite(path, _header(path), keep)
     return len(rows) - len(keep)

@@ -1,5 +1,8 @@
 """Sweep runner: expands an experiment into cells, runs each in a fresh subprocess under a time limit,
 appends one CSV row per cell, and skips the cells a previous run already recorded.
+
+Where the cell subprocesses run is the executor's business (experiments/executors.py: here, or as Ray
+tasks on a cluster); this driver alone writes the CSV, one row as each result arrives.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import environment, results
+from . import environment, executors, machine, results
 from .cell import RESULT_MARK
 from .profiles import Profile, estimated_cell_s, measured_samples
 from .registry import SYSTEM_FACTS, Experiment
@@ -69,8 +72,8 @@ def unavailable(system: str, device: str) -> str | None:
 
 
 def plan(experiment: Experiment, profile: Profile, *, systems=None, panels=None, threads: int = 1,
-         check_available: bool = True) -> Plan:
-    device = resolve_device(profile)
+         check_available: bool = True, device: str | None = None) -> Plan:
+    device = device or resolve_device(profile)
     out = Plan([])
     for panel in experiment.panels:
         if panels and panel.id not in panels:
@@ -137,52 +140,72 @@ def run_cell(cell: dict, time_limit_s: float, log_dir: Path) -> dict:
     return result
 
 
-def _check_same_machine(results_dir: Path) -> None:
+def _check_same_machine(results_dir: Path, kind: dict | None = None, where: str = "this one") -> None:
     """Resuming skips measured cells, so it must never mix machines in one CSV: results/ holds the
     reference machine's numbers, and another kind of machine is told to measure into its own dir."""
-    recorded = results_dir / "environment.json"
-    if not recorded.exists() or os.environ.get("CAVS_ALLOW_OTHER_MACHINE"):
-        return
-    theirs, ours = json.loads(recorded.read_text()), environment.collect(1, "")
-    keys = ("cpu_model", "cpu_count", "gpu")
-    if any(theirs.get(k) != ours.get(k) for k in keys):
-        was = ", ".join(str(theirs.get(k)) for k in keys)
-        now = ", ".join(str(ours.get(k)) for k in keys)
-        sys.exit(f"{results_dir} holds results measured on another machine ({was}; this one: {now}). "
-                 f"Measure into a directory of your own, e.g. `make fig8 RESULTS=results/mine`.")
+    machine.check_results_dir(results_dir, kind or machine.kind(), where)
+
+
+def _write_environment(results_dir: Path, executor, threads: int, profile: str, kind: dict) -> None:
+    """environment.json, collected where the cells run, with the machine kind the directory holds."""
+    if isinstance(executor, executors.LocalExecutor):
+        path = environment.write(results_dir, threads, profile)
+        env = json.loads(path.read_text())
+    else:
+        path, env = results_dir / "environment.json", executor.environment(threads, profile)
+    env["machine_kind"] = kind
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(env, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def run(experiment: Experiment, profile: Profile, results_dir, *, systems=None, panels=None, threads: int = 1,
         time_limit_s: float | None = None, budget_s: float | None = None, retry_failed: bool = False,
-        progress: bool = True) -> dict:
+        progress: bool = True, executor=None) -> dict:
     """Runs every cell not yet in RESULTS/<experiment>.csv, cheapest first (the cost model's guess), and
-    starts no cell that would end past `budget_s` (default: the profile's); returns counts by status."""
+    starts no cell that would end past `budget_s` (default: the profile's); returns counts by status.
+    `executor`: executors.LocalExecutor() (the default) or an entered executors.RayExecutor."""
+    executor = executor or executors.LocalExecutor()
     results_dir = Path(results_dir)
     path = results.csv_path(results_dir, experiment.name)
-    if retry_failed:
-        results.drop_failed(path)
-    the_plan = plan(experiment, profile, systems=systems, panels=panels, threads=threads)
+    device = "cuda" if profile.device == "cuda" or (profile.device == "auto" and executor.gpu_present()) else "cpu"
+    the_plan = plan(experiment, profile, systems=systems, panels=panels, threads=threads, device=device)
     for system, why in the_plan.skipped.items():
         print(f"skipped {system}: {why}", file=sys.stderr)
-    _check_same_machine(results_dir)
+    git_rev = environment.git_revision()
+    kind = executor.check(threads, device, git_rev)
+    _check_same_machine(results_dir, kind, "this one" if executor.name == "local" else "the cluster's nodes")
+    if retry_failed:
+        results.drop_failed(path)
     done = results.done_ids(path)
     todo = sorted((c for c in the_plan.cells if c["cell_id"] not in done), key=lambda c: estimate_s([c], profile))
     limit = time_limit_s or profile.time_limit_s
     budget = profile.sweep_budget_s if budget_s is None else budget_s
     if todo:     # a sweep with nothing left to measure (a redraw) leaves environment.json alone
-        environment.write(results_dir, threads, profile.name)
-    git_rev = environment.git_revision()
+        _write_environment(results_dir, executor, threads, profile.name, kind)
+    ours = machine.label(kind)
     counts = {"already measured": len(the_plan.cells) - len(todo)}
     bar = tqdm(total=len(the_plan.cells), initial=counts["already measured"], unit="cell", desc=experiment.name,
                disable=not progress, dynamic_ncols=True)
     start = time.monotonic()
-    for cell in todo:
+    started = 0
+
+    def may_start(cell):
+        nonlocal started
         if budget and time.monotonic() - start + min(limit, estimate_s([cell], profile)) > budget:
-            counts["left for a rerun (sweep budget reached)"] = len(todo) - bar.n + counts["already measured"]
-            break
-        bar.set_postfix_str(f"{cell['panel']} {cell['system']} {cell['variant']} {cell['mode']} "
-                            f"bs={cell['batch_size']} h={cell['hidden']} L={cell['leaves']}")
-        result = run_cell(cell, limit, results_dir / "logs")
+            return False
+        started += 1
+        if executor.name == "local":
+            bar.set_postfix_str(f"{cell['panel']} {cell['system']} {cell['variant']} {cell['mode']} "
+                                f"bs={cell['batch_size']} h={cell['hidden']} L={cell['leaves']}")
+        return True
+
+    for cell, result in executor.run(todo, limit, results_dir / "logs", may_start):
+        if result.get("machine") and result["machine"] != ours:      # a node joined mid-sweep
+            result = {"status": f"failed: ran on {result.get('node')}, a machine of another kind "
+                                f"({result['machine']}; this sweep's: {ours})", "node": result.get("node"),
+                      "machine": result["machine"]}
         row = {**{k: v for k, v in cell.items() if k in results.COLUMNS}, **result,
                "options": json.dumps(cell["options"], sort_keys=True), "git_rev": git_rev,
                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -193,4 +216,6 @@ def run(experiment: Experiment, profile: Profile, results_dir, *, systems=None, 
         counts[status] = counts.get(status, 0) + 1
         bar.update()
     bar.close()
+    if started < len(todo):
+        counts["left for a rerun (sweep budget reached)"] = len(todo) - started
     return counts

@@ -1,0 +1,162 @@
+"""Sweeps through the Ray executor on a local Ray cluster of 2 CPUs, with tiny fake cells.
+
+The cluster starts once for this file (a few seconds); every test skips cleanly where Ray is not installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments import executors, machine, registry, results, runner
+from experiments.profiles import get_profile
+from tests.test_experiments import PROFILE, FakeSystem, fake_experiment, rows_of
+
+TESTS = Path(__file__).resolve().parent
+MARKED = "test_ray:MarkedSystem"
+try:
+    import ray
+except ImportError:
+    ray = None
+needs_ray = pytest.mark.skipif(ray is None, reason="Ray is not installed (pip install -e '.[cluster]')")
+
+
+class MarkedSystem(FakeSystem):
+    """A fake system that leaves a file per run in `marks`: its pid, its parent's (the Ray worker) and
+    when it started and ended its timed step."""
+    def __init__(self, workload, *, marks, **kwargs):
+        super().__init__(workload, **kwargs)
+        self.marks = Path(marks)
+        self.mark = self.marks / f"{os.getpid()}.json"
+        self.mark.write_text(json.dumps({"worker": os.getppid(), "cell": self.batch_size, "start": time.time()}))
+
+    def step(self, batch):
+        loss = super().step(batch)
+        self.mark.write_text(json.dumps({**json.loads(self.mark.read_text()), "end": time.time()}))
+        return loss
+
+
+def experiment(system, values, variants=(("default", {}),)):
+    panel = registry.Panel("a", "tree_fc", (system,), "batch_size", values, hidden=8, leaves=8, variants=variants)
+    return registry.Experiment("fake", "fake", (panel,), {"kind": "lines", "y": "epoch_s", "layout": (1, 1)})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster of 2 CPUs; its workers (and so the cells) can import this directory."""
+    if ray is None:
+        pytest.skip("Ray is not installed")
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved]))
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    info = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20,
+                    logging_level="WARNING")
+    yield info.address_info["gcs_address"]
+    ray.shutdown()
+    if saved is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = saved
+
+
+def ray_run(exp, results_dir, profile=get_profile("quick"), **kw):
+    with executors.RayExecutor() as executor:          # joins the running cluster, leaves it running
+        return runner.run(exp, profile, results_dir, progress=False, executor=executor, **kw)
+
+
+@needs_ray
+def test_quick_sweep_through_ray_gives_the_local_executors_cells_and_statuses(cluster, tmp_path):
+    exp = fake_experiment(variants=(("crash", {"crash": True}), ("hang", {"hang": True}), ("default", {})))
+    local = runner.run(exp, get_profile("quick"), tmp_path / "local", time_limit_s=4, progress=False)
+    through_ray = ray_run(exp, tmp_path / "ray", time_limit_s=4)
+    assert local == through_ray == {"already measured": 0, "failed": 2, "timeout": 2, "ok": 2}
+    mine = {r["cell_id"]: r["status"] for r in rows_of(tmp_path / "ray")}
+    assert mine == {r["cell_id"]: r["status"] for r in rows_of(tmp_path / "local")}
+    label = machine.label(machine.kind())
+    assert all(r["node"] == machine.node() and r["machine"] == label for r in rows_of(tmp_path / "ray"))
+    assert (tmp_path / "ray" / "logs").exists()                    # failed cells' logs came back to the driver
+    env = json.loads((tmp_path / "ray" / "environment.json").read_text())
+    assert env["machine_kind"] == machine.kind() and env["profile"] == "quick"
+    assert ray_run(exp, tmp_path / "ray") == {"already measured": 6}     # resume by cell_id
+
+
+@needs_ray
+def test_cells_of_two_threads_on_two_cpus_never_overlap(cluster, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    exp = experiment(MARKED, (1, 2), variants=(("default", {"marks": str(marks), "sleep_ms": 300}),))
+    assert ray_run(exp, tmp_path / "out", PROFILE, threads=2)["ok"] == 2
+    spans = sorted((m["start"], m["end"]) for m in (json.loads(p.read_text()) for p in marks.glob("*.json")))
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
+    assert executors.task_resources({"threads": 2, "device": "cuda"}) == {"num_cpus": 2, "num_gpus": 1}
+
+
+@needs_ray
+def test_killed_worker_and_driver_lose_no_row_and_duplicate_none(cluster, tmp_path):
+    """SIGKILL the Ray worker running a cell (Ray retries the task), then the driver mid-sweep; the
+    resumed sweep completes with every cell exactly once."""
+    marks, out = tmp_path / "marks", tmp_path / "out"
+    marks.mkdir()
+    values = (1, 2, 3, 4, 5, 6)
+    options = {"marks": str(marks), "sleep_ms": 600}            # 2 timed batches + warm-up: ~2 s per cell
+    script = (f"import ray, test_ray as t; from experiments import executors, runner; "
+              f"ray.init(address={cluster!r}, log_to_driver=False, logging_level='WARNING'); "
+              f"runner.run(t.experiment(t.MARKED, {values!r}, (('default', {options!r}),)), t.PROFILE, "
+              f"{str(out)!r}, progress=False, executor=executors.RayExecutor())")
+    driver = subprocess.Popen([sys.executable, "-c", script], cwd=TESTS.parent, env=dict(os.environ))
+    deadline = time.monotonic() + 90
+    while not list(marks.glob("*.json")) and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.05)
+    assert driver.poll() is None, "the driver ended before any cell started"
+    first = json.loads(next(marks.glob("*.json")).read_text())
+    os.kill(first["worker"], signal.SIGKILL)                       # a worker dies mid-cell
+    while len(rows_of(out)) < 2 and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)                             # then the driver dies mid-sweep
+    driver.wait()
+    before = rows_of(out)
+    assert 2 <= len(before) < 6, "the driver should have been killed mid-sweep"
+    assert len({r["cell_id"] for r in before}) == len(before)
+    assert all(r["status"] == "ok" for r in before)
+    counts = ray_run(experiment(MARKED, values, (("default", options),)), out, PROFILE)
+    rows = rows_of(out)
+    assert counts == {"already measured": len(before), "ok": 6 - len(before)}
+    assert len(rows) == len({r["cell_id"] for r in rows}) == 6 and all(r["status"] == "ok" for r in rows)
+    assert str(first["cell"]) in {r["batch_size"] for r in rows}   # the killed worker's cell was measured
+
+
+@needs_ray
+def test_nodes_of_two_kinds_are_refused_naming_them(cluster, tmp_path, monkeypatch, capsys):
+    ours = machine.kind()
+    other = {**ours, "cpu_model": "Some Other CPU", "cpu_count": 96}
+    probes = [{"node": "n1", "kind": ours, "git_rev": "x"}, {"node": "n2", "kind": other, "git_rev": "x"}]
+    with executors.RayExecutor() as executor:
+        monkeypatch.setattr(executor, "_probe_nodes", lambda threads, device: probes)
+        with pytest.raises(SystemExit, match=r"n1: .*n2: Some Other CPU, 96 CPUs"):
+            runner.run(fake_experiment(), get_profile("quick"), tmp_path, progress=False, executor=executor)
+        probes[1] = {"node": "n2", "kind": ours, "git_rev": "other"}
+        assert executor.check(1, "cpu", "x") == ours
+    assert "n2 is at other" in capsys.readouterr().err
+    assert not results.csv_path(tmp_path, "fake").exists()
+
+
+def test_without_ray_the_executor_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)                  # import ray raises ImportError
+    with pytest.raises(SystemExit, match=r"pip install -e '\.\[cluster\]'"):
+        executors.make("ray")
+    with pytest.raises(SystemExit, match="needs Ray"):
+        from experiments.__main__ import main
+        main(["run", "fig8", "--profile", "quick", "--executor", "ray"])
+
+
+def test_a_ray_failure_is_recorded_with_its_reason():
+    class WorkerCrashedError(Exception):
+        pass
+    assert executors.ray_failure(WorkerCrashedError("The worker died unexpectedly\nmore")) == \
+        "failed: ray: WorkerCrashedError: The worker died unexpectedly"

@@ -152,6 +152,10 @@ class TorchSystem(System):
 class SampleBatch:
     graphs: list[Graph]
     orders: list[list[int]]     # per graph: its vertices, children first
+    lookups: list               # per graph: the token ids of its vertices that pull one (vertex order)
+    labelled: list[list[int]]   # per graph: its vertices with a loss term ...
+    targets: list               # ... and their labels
+    terms: int                  # loss terms in the batch
 
     @property
     def num_samples(self) -> int:
@@ -166,22 +170,28 @@ class PytorchSampleSystem(TorchSystem):
             graphs, forest = read_batch(self.workload, samples, self.sizes.arity)
             # graphs may number vertices in any order; a stable sort by level puts children first
             orders = [np.argsort(level, kind="stable").tolist() for level in graph_levels(forest)]
-        return SampleBatch(graphs, orders)
+            labelled = [np.flatnonzero(g.labels >= 0) for g in graphs]
+            batch = SampleBatch(graphs, orders, [self.index(g.tokens[g.tokens >= 0]) for g in graphs],
+                                [v.tolist() for v in labelled],
+                                [self.index(g.labels[v]) for g, v in zip(graphs, labelled)],
+                                sum(len(v) for v in labelled))
+        return batch
 
     def loss(self, batch: SampleBatch) -> torch.Tensor:
-        terms = sum(int((g.labels >= 0).sum()) for g in batch.graphs)
-        return sum(self.sample_loss(g, order) for g, order in zip(batch.graphs, batch.orders)) / terms
+        return sum(self.sample_loss(batch, i) for i in range(batch.num_samples)) / batch.terms
 
-    def sample_loss(self, g: Graph, order: list[int]) -> torch.Tensor:
-        p, cell = self.params, CELLS[self.workload]
+    def sample_loss(self, batch: SampleBatch, i: int) -> torch.Tensor:
+        g, p, cell = batch.graphs[i], self.params, CELLS[self.workload]
         zero_state = torch.zeros(1, state_width(self.workload, self.hidden), dtype=self.torch_dtype,
                                  device=self.torch_device)
         zero_x = torch.zeros(1, self.sizes.embed, dtype=self.torch_dtype, device=self.torch_device)
+        # one embedding lookup per sample (a lookup per vertex would cost, in the backward, a zero
+        # tensor the size of the whole table each), split into rows that share one backward node
+        rows = iter(p["emb"].index_select(0, batch.lookups[i]).unsqueeze(1).unbind(0))
         tokens, children = g.tokens.tolist(), g.children.tolist()
+        x = [next(rows) if t >= 0 else zero_x for t in tokens]
         state = [None] * g.num_vertices
-        for v in order:
-            x = p["emb"][tokens[v]].unsqueeze(0) if tokens[v] >= 0 else zero_x
-            state[v] = cell(p, x, *(state[c] if c >= 0 else zero_state for c in children[v]))
-        labelled = np.flatnonzero(g.labels >= 0)
-        h = torch.cat([state[v][:, :self.hidden] for v in labelled.tolist()])
-        return summed_cross_entropy(p, h, self.index(g.labels[labelled]))
+        for v in batch.orders[i]:
+            state[v] = cell(p, x[v], *(state[c] if c >= 0 else zero_state for c in children[v]))
+        h = torch.cat([state[v][:, :self.hidden] for v in batch.labelled[i]])
+        return summed_cross_entropy(p, h, batch.targets[i])

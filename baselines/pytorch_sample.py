@@ -1,6 +1,7 @@
 """PyTorch, one sample and one vertex at a time: the imperative reference every system is checked against.
 
-Each vertex runs the WORKLOADS.md cell on (1, h) tensors in an order where children come first;
+Each vertex runs the WORKLOADS.md cell on (1, h) tensors in an order where children come first,
+skipping the products with absent (zero) inputs as a user writes it for one vertex;
 autograd records everything, one backward over the batch's mean loss, one SGD step with the
 gradients clipped to a global L2 norm (WORKLOADS.md's training rule).
 `TorchSystem` and the cell functions are shared with the other PyTorch baselines (cudnn_lstm.py,
@@ -42,6 +43,58 @@ def tree_lstm_cell(p, x, left, right):
 
 
 CELLS = {"fixed_lstm": lstm_cell, "var_lstm": lstm_cell, "tree_fc": tree_fc_cell, "tree_lstm": tree_lstm_cell}
+
+
+# The same cells as a user writes them for one vertex: an absent input is None and the products
+# with it are skipped (the first step's zero state, a leaf's absent children, an internal vertex's
+# absent token), as DyNet's cells and the engine's support analysis skip them. Adding the exact
+# zeros they would have produced changes no bit, so the results equal the cells above.
+
+def lstm_cell_skipping(p, x, child):
+    gates = x @ p["Wx"] + p["b"]
+    if child is None:
+        i, _, o, u = gates.chunk(4, dim=1)
+        c = torch.sigmoid(i) * torch.tanh(u)
+    else:
+        h_prev, c_prev = child.chunk(2, dim=1)
+        i, f, o, u = (gates + h_prev @ p["Wh"]).chunk(4, dim=1)
+        c = torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(u)
+    return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], dim=1)
+
+
+def _children_h(left, right, width):
+    """[h_left; h_right] of the children present (zeros for one absent), None on a leaf."""
+    if left is None and right is None:
+        return None
+    zero = torch.zeros(1, width, dtype=(left if left is not None else right).dtype,
+                       device=(left if left is not None else right).device)
+    return torch.cat([zero if k is None else k[:, :width] for k in (left, right)], dim=1)
+
+
+def tree_fc_cell_skipping(p, x, left, right):
+    kids = _children_h(left, right, p["b"].shape[0])
+    pre = p["b"] if kids is None else kids @ p["W"] + p["b"]
+    return torch.tanh(pre if x is None else pre + x).reshape(1, -1)
+
+
+def tree_lstm_cell_skipping(p, x, left, right):
+    h = p["Wout"].shape[0]
+    kids = _children_h(left, right, h)
+    pre = p["b"]
+    if x is not None:
+        pre = x @ p["Wx"] + pre
+    if kids is not None:
+        pre = kids @ p["Uh"] + pre
+    i, fl, fr, o, u = pre.expand(1, -1).chunk(5, dim=1)
+    c = torch.sigmoid(i) * torch.tanh(u)
+    for f, child in ((fl, left), (fr, right)):
+        if child is not None:
+            c = c + torch.sigmoid(f) * child[:, h:]
+    return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], dim=1)
+
+
+SKIPPING_CELLS = {"fixed_lstm": lstm_cell_skipping, "var_lstm": lstm_cell_skipping,
+                  "tree_fc": tree_fc_cell_skipping, "tree_lstm": tree_lstm_cell_skipping}
 
 
 def state_width(workload: str, hidden: int) -> int:
@@ -181,17 +234,14 @@ class PytorchSampleSystem(TorchSystem):
         return sum(self.sample_loss(batch, i) for i in range(batch.num_samples)) / batch.terms
 
     def sample_loss(self, batch: SampleBatch, i: int) -> torch.Tensor:
-        g, p, cell = batch.graphs[i], self.params, CELLS[self.workload]
-        zero_state = torch.zeros(1, state_width(self.workload, self.hidden), dtype=self.torch_dtype,
-                                 device=self.torch_device)
-        zero_x = torch.zeros(1, self.sizes.embed, dtype=self.torch_dtype, device=self.torch_device)
+        g, p, cell = batch.graphs[i], self.params, SKIPPING_CELLS[self.workload]
         # one embedding lookup per sample (a lookup per vertex would cost, in the backward, a zero
         # tensor the size of the whole table each), split into rows that share one backward node
         rows = iter(p["emb"].index_select(0, batch.lookups[i]).unsqueeze(1).unbind(0))
         tokens, children = g.tokens.tolist(), g.children.tolist()
-        x = [next(rows) if t >= 0 else zero_x for t in tokens]
+        x = [next(rows) if t >= 0 else None for t in tokens]     # None: absent, products skipped
         state = [None] * g.num_vertices
         for v in batch.orders[i]:
-            state[v] = cell(p, x[v], *(state[c] if c >= 0 else zero_state for c in children[v]))
+            state[v] = cell(p, x[v], *(state[c] if c >= 0 else None for c in children[v]))
         h = torch.cat([state[v][:, :self.hidden] for v in batch.labelled[i]])
         return summed_cross_entropy(p, h, batch.targets[i])

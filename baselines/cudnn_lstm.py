@@ -29,7 +29,8 @@ def _torch_gate_order(hidden: int) -> np.ndarray:
 
 @dataclass
 class SequenceBatch:
-    tokens: torch.Tensor    # (T, B) time-major, padded with token 0
+    used_rows: torch.Tensor  # the embedding rows the batch reads
+    tokens: torch.Tensor    # (T, B) time-major, positions in used_rows, padded with 0
     targets: torch.Tensor   # (T, B) padded with 0
     lengths: torch.Tensor   # (B,) on the CPU, as pack_padded_sequence wants
     num_samples: int
@@ -71,7 +72,8 @@ class CudnnLstmSystem(TorchSystem):
         for w in (self.lstm.weight_ih_l0, self.lstm.weight_hh_l0, self.lstm.bias_ih_l0):
             w.requires_grad_(train)
         self.lstm.bias_hh_l0.requires_grad_(False)
-        self.params = {k: self.tensor(params[k]).clone().requires_grad_(train) for k in ("emb", "Wout", "bout")}
+        self.params = {k: self.tensor(params[k]).clone().requires_grad_(train and k != "emb")
+                       for k in ("emb", "Wout", "bout")}   # the table: updated row-wise by step()
 
     def get_params(self) -> dict[str, np.ndarray]:
         back = np.argsort(_torch_gate_order(self.hidden))
@@ -84,7 +86,7 @@ class CudnnLstmSystem(TorchSystem):
         return out
 
     def trainable(self) -> list[torch.Tensor]:
-        return [*self.params.values(), self.lstm.weight_ih_l0, self.lstm.weight_hh_l0, self.lstm.bias_ih_l0]
+        return [*super().trainable(), self.lstm.weight_ih_l0, self.lstm.weight_hh_l0, self.lstm.bias_ih_l0]
 
     # ------------------------------------------------------------ batches
 
@@ -101,11 +103,14 @@ class CudnnLstmSystem(TorchSystem):
             for b, g in enumerate(graphs):
                 tokens[:len(g.tokens), b] = g.tokens
                 targets[:len(g.labels), b] = g.labels
-            batch = SequenceBatch(self.index(tokens), self.index(targets), torch.from_numpy(lengths), len(graphs))
+            pad = np.arange(tokens.shape[0])[:, None] >= lengths[None, :]
+            rows, (local,) = self.used_rows(np.where(pad, -1, tokens))
+            batch = SequenceBatch(rows, self.index(np.where(pad, 0, local)), self.index(targets),
+                                  torch.from_numpy(lengths), len(graphs))
         return batch
 
-    def loss(self, batch: SequenceBatch) -> torch.Tensor:
-        x = self.params["emb"][batch.tokens]                      # (T, B, E)
+    def loss(self, batch: SequenceBatch, emb: torch.Tensor) -> torch.Tensor:
+        x = emb[batch.tokens]                                     # (T, B, E)
         if self.workload == "fixed_lstm":                         # every sequence is T long: no packing
             h, _ = self.lstm(x)
             return mean_cross_entropy(self.params, h.reshape(-1, self.hidden), batch.targets.reshape(-1))

@@ -103,6 +103,7 @@ class DepthOp:
 @dataclass
 class FoldBatch:
     ops: list[DepthOp]
+    used_rows: torch.Tensor    # the embedding rows the batch reads (token ids are positions in it)
     targets: torch.Tensor      # labels of the label_rows, depth after depth
     num_samples: int
     num_cells: int
@@ -147,20 +148,21 @@ class FoldSystem(TorchSystem):
         return batch
 
     def to_device(self, merged: list[Level], num_samples: int) -> FoldBatch:
+        used_rows, tokens = self.used_rows(*(lv.tokens for lv in merged))
         ops, rows = [], 0   # rows: output rows of the previous depth
-        for lv in merged:
+        for lv, local in zip(merged, tokens):
             token_rows = np.flatnonzero(lv.tokens >= 0)
             label_rows = np.flatnonzero(lv.labels >= 0)
             kids = np.where(lv.children >= 0, lv.children, rows)
-            ops.append(DepthOp(len(lv.tokens), self.index(token_rows), self.index(lv.tokens[token_rows]),
+            ops.append(DepthOp(len(lv.tokens), self.index(token_rows), self.index(local[token_rows]),
                                [self.index(kids[:, k]) for k in range(kids.shape[1])],
                                bool((lv.children < 0).any()), self.index(lv.copies), self.index(label_rows)))
             rows = len(lv.tokens) + len(lv.copies)
         targets = np.concatenate([lv.labels[lv.labels >= 0] for lv in merged])
-        return FoldBatch(ops, self.index(targets), num_samples,
+        return FoldBatch(ops, used_rows, self.index(targets), num_samples,
                          sum(len(lv.tokens) for lv in merged), sum(len(lv.copies) for lv in merged))
 
-    def loss(self, batch: FoldBatch) -> torch.Tensor:
+    def loss(self, batch: FoldBatch, emb: torch.Tensor) -> torch.Tensor:
         p, cell, h = self.params, CELLS[self.workload], self.hidden
         width = state_width(self.workload, h)
         like = dict(dtype=self.torch_dtype, device=self.torch_device)
@@ -168,7 +170,7 @@ class FoldSystem(TorchSystem):
         for op in batch.ops:
             x = torch.zeros(op.cells, self.sizes.embed, **like)
             if len(op.token_rows):
-                x = x.index_copy(0, op.token_rows, p["emb"].index_select(0, op.token_ids))
+                x = x.index_copy(0, op.token_rows, emb.index_select(0, op.token_ids))
             if prev is None:                     # depth 0: leaves, no children
                 kids = [torch.zeros(op.cells, width, **like)] * len(op.children)
             else:

@@ -160,35 +160,61 @@ class TorchSystem(System):
     def set_params(self, params: dict[str, np.ndarray]) -> None:
         self.check_params(params)
         train = self.mode == "train"
-        self.params = {k: self.tensor(v).clone().requires_grad_(train) for k, v in params.items()}
+        # the embedding table is updated row-wise by step(), never through autograd
+        self.params = {k: self.tensor(v).clone().requires_grad_(train and k != "emb") for k, v in params.items()}
 
     def get_params(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy().copy() for k, v in self.params.items()}
 
     def trainable(self) -> list[torch.Tensor]:
-        """The tensors the SGD step updates (cudnn_lstm.py keeps some inside its nn.LSTM)."""
-        return list(self.params.values())
+        """The dense tensors the SGD step updates (cudnn_lstm.py keeps some inside its nn.LSTM);
+        the embedding table is not one of them (see step())."""
+        return [v for k, v in self.params.items() if k != "emb"]
 
-    def loss(self, batch) -> torch.Tensor:
-        """The batch's mean loss: summed cross-entropy / number of loss terms."""
+    def used_rows(self, *tokens: np.ndarray) -> tuple[torch.Tensor, list[np.ndarray]]:
+        """The embedding rows a batch uses (sorted token ids, once each), and each of the given token
+        arrays as positions in them (-1 stays -1): the batch's lookups read those rows only."""
+        flat = np.concatenate([np.ravel(t) for t in tokens])
+        rows, local = np.unique(flat[flat >= 0], return_inverse=True)
+        out, k = [], 0
+        for t in tokens:
+            t = np.asarray(t)
+            mine = np.full(t.shape, -1, dtype=np.int64)
+            used = t >= 0
+            mine[used] = local[k:k + int(used.sum())]
+            k += int(used.sum())
+            out.append(mine)
+        return self.index(rows), out
+
+    def loss(self, batch, emb: torch.Tensor) -> torch.Tensor:
+        """The batch's mean loss (summed cross-entropy / number of loss terms); `emb` holds the
+        embedding rows `batch.used_rows`, and the batch's token ids are positions in it."""
         raise NotImplementedError
 
     def step(self, batch) -> float:
         """Train: forward, backward of the batch's mean loss, gradients clipped to a global L2 norm
-        of workloads.CLIP_NORM (torch.nn.utils.clip_grad_norm_), p -= lr * g. Returns the mean loss."""
+        of workloads.CLIP_NORM (torch.nn.utils.clip_grad_norm_), p -= lr * g. Returns the mean loss.
+
+        The embedding is looked up as a leaf tensor of the batch's rows (each used row once), so its
+        gradient is the dense gradient's nonzero rows, repeated uses summed: it enters the global
+        norm as the dense gradient would, and only those rows are updated (index_add_), as
+        nn.Embedding(sparse=True) with SGD updates them; a dense update would rewrite the table."""
+        table = self.params["emb"]
         with self.timings.timing("compute_s", sync=self.synchronize):
             if self.mode == "train":
-                loss = self.loss(batch)
+                emb = table.index_select(0, batch.used_rows).requires_grad_()
+                loss = self.loss(batch, emb)
                 loss.backward()
                 params = self.trainable()
-                torch.nn.utils.clip_grad_norm_(params, workloads.CLIP_NORM)
+                torch.nn.utils.clip_grad_norm_([emb, *params], workloads.CLIP_NORM)
                 with torch.no_grad():
                     for p in params:
                         p -= workloads.LEARNING_RATE * p.grad
                         p.grad = None
+                    table.index_add_(0, batch.used_rows, emb.grad, alpha=-workloads.LEARNING_RATE)
             else:
                 with torch.no_grad():
-                    loss = self.loss(batch)
+                    loss = self.loss(batch, table.index_select(0, batch.used_rows))
             value = loss.item()
         self.timings.steps += 1
         self.timings.samples += batch.num_samples
@@ -205,7 +231,9 @@ class TorchSystem(System):
 class SampleBatch:
     graphs: list[Graph]
     orders: list[list[int]]     # per graph: its vertices, children first
-    lookups: list               # per graph: the token ids of its vertices that pull one (vertex order)
+    used_rows: torch.Tensor     # the embedding rows the batch reads
+    lookups: list               # per graph: its vertices' tokens (vertex order, those with one), as
+                                # positions in used_rows
     labelled: list[list[int]]   # per graph: its vertices with a loss term ...
     targets: list               # ... and their labels
     terms: int                  # loss terms in the batch
@@ -224,20 +252,21 @@ class PytorchSampleSystem(TorchSystem):
             # graphs may number vertices in any order; a stable sort by level puts children first
             orders = [np.argsort(level, kind="stable").tolist() for level in graph_levels(forest)]
             labelled = [np.flatnonzero(g.labels >= 0) for g in graphs]
-            batch = SampleBatch(graphs, orders, [self.index(g.tokens[g.tokens >= 0]) for g in graphs],
+            rows, local = self.used_rows(*(g.tokens[g.tokens >= 0] for g in graphs))
+            batch = SampleBatch(graphs, orders, rows, [self.index(t) for t in local],
                                 [v.tolist() for v in labelled],
                                 [self.index(g.labels[v]) for g, v in zip(graphs, labelled)],
                                 sum(len(v) for v in labelled))
         return batch
 
-    def loss(self, batch: SampleBatch) -> torch.Tensor:
-        return sum(self.sample_loss(batch, i) for i in range(batch.num_samples)) / batch.terms
+    def loss(self, batch: SampleBatch, emb: torch.Tensor) -> torch.Tensor:
+        return sum(self.sample_loss(batch, i, emb) for i in range(batch.num_samples)) / batch.terms
 
-    def sample_loss(self, batch: SampleBatch, i: int) -> torch.Tensor:
+    def sample_loss(self, batch: SampleBatch, i: int, emb: torch.Tensor) -> torch.Tensor:
         g, p, cell = batch.graphs[i], self.params, SKIPPING_CELLS[self.workload]
         # one embedding lookup per sample (a lookup per vertex would cost, in the backward, a zero
-        # tensor the size of the whole table each), split into rows that share one backward node
-        rows = iter(p["emb"].index_select(0, batch.lookups[i]).unsqueeze(1).unbind(0))
+        # tensor the size of the table each), split into rows that share one backward node
+        rows = iter(emb.index_select(0, batch.lookups[i]).unsqueeze(1).unbind(0))
         tokens, children = g.tokens.tolist(), g.children.tolist()
         x = [next(rows) if t >= 0 else None for t in tokens]     # None: absent, products skipped
         state = [None] * g.num_vertices

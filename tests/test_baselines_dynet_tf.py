@@ -1,4 +1,4 @@
-"""DyNet-autobatch and TensorFlow-unroll baselines against an independent float64 reference.
+"""DyNet-autobatch, TensorFlow-unroll and the PyTorch baselines against an independent float64 reference.
 
 The reference below is WORKLOADS.md read literally (zeros for absent inputs, one vertex at a
 time, PyTorch autograd for the gradient), sharing nothing with the systems but the data readers
@@ -125,6 +125,16 @@ def test_dynet_depth_alone_in_a_fresh_process(samples):
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.split()[-1]) == pytest.approx(want, rel=1e-4)
+
+
+TORCH_CASES = [("pytorch", w) for w in workloads.WORKLOADS] + [("cudnn", "fixed_lstm"), ("cudnn", "var_lstm"),
+               ("fold", "tree_fc"), ("fold", "tree_lstm")]
+
+
+@pytest.mark.parametrize("name,workload", TORCH_CASES)
+def test_torch_systems_match_reference(name, workload, samples, clip_norm):
+    """The PyTorch systems' row-wise embedding update and clipping against the dense reference."""
+    assert_matches_reference(name, workload, samples[workload])
 
 
 @needs_tf

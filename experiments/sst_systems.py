@@ -138,8 +138,10 @@ class PytorchTrainer(Trainer):
             raise ValueError(f"eps_rule must be 'torch' or 'dynet', got {eps_rule!r}")
         self.eps_rule = eps_rule
         import torch
-        from baselines.pytorch_sample import tree_lstm_cell
-        self.torch, self.cell = torch, tree_lstm_cell
+        # the project's per-sample cell: products with an absent input (a leaf's children, an
+        # internal vertex's word) are skipped, as a user writes it and as DyNet's cell does
+        from baselines.pytorch_sample import tree_lstm_cell_skipping
+        self.torch, self.cell = torch, tree_lstm_cell_skipping
         torch.set_num_threads(self.threads)
         self.tdtype = getattr(torch, self.dtype)
         self.set_params(self.initial_params())
@@ -157,18 +159,16 @@ class PytorchTrainer(Trainer):
 
     def _tree_states(self, g):
         """h of every vertex (rows in the graph's vertex order), children before parents."""
-        torch, p, h = self.torch, self.p, self.hidden
+        torch, p = self.torch, self.p
         F = torch.nn.functional
         leaves = np.flatnonzero(g.tokens >= 0)
-        xs = F.embedding(torch.as_tensor(g.tokens[leaves]), p["emb"], sparse=True)   # the tree's words
-        x_of = {int(v): k for k, v in enumerate(leaves)}
-        zero_state = torch.zeros(1, 2 * h, dtype=self.tdtype)
-        zero_x = torch.zeros(1, self.embed, dtype=self.tdtype)
+        # one sparse embedding lookup per tree, split into rows (None: no word, product skipped)
+        rows = iter(F.embedding(torch.as_tensor(g.tokens[leaves]), p["emb"], sparse=True).unsqueeze(1).unbind(0))
+        x = [next(rows) if t >= 0 else None for t in g.tokens.tolist()]
         children = g.children.tolist()
         state = [None] * g.num_vertices
         for v in np.argsort(levels(g.children), kind="stable").tolist():
-            x = xs[x_of[v]].unsqueeze(0) if v in x_of else zero_x
-            state[v] = self.cell(p, x, *(state[c] if c >= 0 else zero_state for c in children[v]))
+            state[v] = self.cell(p, x[v], *(state[c] if c >= 0 else None for c in children[v]))
         return state
 
     def train_step(self, lines):

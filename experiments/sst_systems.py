@@ -87,6 +87,10 @@ class Trainer:
     def predict_batch(self, lines) -> np.ndarray:
         raise NotImplementedError
 
+    def warmup(self, lines) -> None:
+        """Untimed first-call costs that change no parameter or optimizer state (default: a predict)."""
+        self.predict_batch(lines)
+
     def predict(self, lines) -> np.ndarray:
         """Root probabilities, (len(lines), 5), computed `eval_batch` trees at a time."""
         lines = list(lines)
@@ -118,6 +122,11 @@ class CavsTrainer(Trainer):
 
     def train_step(self, lines):
         return float(self.engine.step(self.model.make_batch(list(lines))))
+
+    def warmup(self, lines):
+        """Compiles the fused kernels of F and dF: forward and backward without an update."""
+        self.engine.loss_and_grads(self.model.make_batch(list(lines)))
+        self.predict_batch(lines)
 
     def predict_batch(self, lines):
         probs = self.engine.predict(self.model.make_batch(list(lines)))

@@ -92,23 +92,28 @@ def _pct(v):
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}"
 
 
+def _num(v, fmt="{:.1f}"):
+    return "" if v is None or pd.isna(v) else fmt.format(float(v))
+
+
 def summary(df, tta) -> str:
     ok = _ok(df)
     lines = ["# SST sentiment: trained to accuracy (issue 13)", "",
              "Root accuracy in %. `dev` at the best dev epoch (fine-grained), `test` with that epoch's "
              "parameters. Binary = the 5-class distribution collapsed (P(0)+P(1) against P(3)+P(4)) over "
-             "trees whose gold label is not 2. Training time excludes evaluation (and includes each "
-             "system's first-batch costs: Cavs's kernel compilation, DyNet's memory pools); predict = "
+             "trees whose gold label is not 2. Training time excludes evaluation and an untimed warm-up "
+             "before it (forward + backward of one batch, no update: Cavs compiles its kernels there; "
+             "`warm-up s`); predict = "
              "the whole dev set in batches of `eval_batch` trees, median over epochs. Each system ran "
              "alone in its own process, one compute thread, flush-to-zero on.", "",
              "| system | epochs (trees/epoch) | best epoch | dev fine | dev binary | test fine | test binary | "
-             "train s per epoch (or slice) | train trees/s | predict trees/s | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "train s per epoch (or slice) | train trees/s | predict trees/s | warm-up s | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for system, s in df.groupby("system", sort=False):
         good = ok[ok["system"] == system]
         status = ", ".join(sorted(set(s["status"].astype(str))))
         if good.empty:
-            lines.append(f"| {system} | | | | | | | | | | {status} |")
+            lines.append(f"| {system} | | | | | | | | | | | {status} |")
             continue
         best = good[good["best_epoch"] == 1]
         best = best.iloc[0] if len(best) else good.loc[good["dev_fine"].idxmax()]
@@ -120,7 +125,7 @@ def summary(df, tta) -> str:
             f"{' of ' + str(int(good['train_set'].iloc[0])) if partial else ''}) | {int(best['epoch'])} | "
             f"{_pct(best['dev_fine'])} | {_pct(best['dev_binary'])} | {_pct(test_f)} | {_pct(test_b)} | "
             f"{good['train_s'].mean():.1f} | {good['train_trees_per_s'].median():.1f} | "
-            f"{good['eval_trees_per_s'].median():.1f} | {status} |")
+            f"{good['eval_trees_per_s'].median():.1f} | {_num(good['warmup_s'].iloc[0] if 'warmup_s' in good else None)} | {status} |")
     lines += ["", "Per epoch (dev fine / binary, training loss, running training time):", "",
               "| system | epoch | train loss | dev fine | dev binary | cum. train s | wall s |", "|---|---|---|---|---|---|---|"]
     for _, r in ok.iterrows():

@@ -18,6 +18,7 @@ _REGISTRY = {
     "fold":          ("baselines.fold", "FoldSystem", {"workers": 1}),
     "fold-n":        ("baselines.fold", "FoldSystem", {"workers": 0}),   # 0 = one per core
     "pytorch":       ("baselines.pytorch_sample", "PytorchSampleSystem", {}),
+    "pytorch-levels": ("baselines.pytorch_levels", "PytorchLevelsSystem", {}),
 }
 
 

@@ -128,7 +128,8 @@ def test_dynet_depth_alone_in_a_fresh_process(samples):
 
 
 TORCH_CASES = [("pytorch", w) for w in workloads.WORKLOADS] + [("cudnn", "fixed_lstm"), ("cudnn", "var_lstm"),
-               ("fold", "tree_fc"), ("fold", "tree_lstm")]
+               ("fold", "tree_fc"), ("fold", "tree_lstm"), ("pytorch-levels", "tree_fc"),
+               ("pytorch-levels", "tree_lstm")]
 
 
 @pytest.mark.parametrize("name,workload", TORCH_CASES)

@@ -1,4 +1,4 @@
-"""The PyTorch baselines (per-sample, cuDNN LSTM, Fold): the spec's math, gradients, Fold's schedule,
+"""The PyTorch baselines (per-sample, cuDNN LSTM, Fold, by level): the spec's math, gradients, Fold's schedule,
 and agreement with each other. tests/test_cross_system.py compares them with the Cavs engine."""
 import numpy as np
 import pytest
@@ -111,7 +111,8 @@ def test_gradients_are_clipped_to_the_global_norm(system, workload, small_sample
 
 
 @pytest.mark.parametrize("system,workload", [("cudnn", "fixed_lstm"), ("cudnn", "var_lstm"),
-                                             ("fold", "tree_fc"), ("fold", "tree_lstm")])
+                                             ("fold", "tree_fc"), ("fold", "tree_lstm"),
+                                             ("pytorch-levels", "tree_fc"), ("pytorch-levels", "tree_lstm")])
 def test_batched_systems_equal_per_sample(system, workload, small_samples):
     sut = assert_same_step(system, workload, small_samples[workload])
     t = sut.timings
@@ -119,7 +120,8 @@ def test_batched_systems_equal_per_sample(system, workload, small_samples):
     assert t.construct_s > 0 and t.compute_s > 0
 
 
-@pytest.mark.parametrize("system,workload", [("cudnn", "var_lstm"), ("fold", "tree_lstm")])
+@pytest.mark.parametrize("system,workload", [("cudnn", "var_lstm"), ("fold", "tree_lstm"),
+                                             ("pytorch-levels", "tree_lstm")])
 def test_float32(system, workload, small_samples):
     assert_same_step(system, workload, small_samples[workload], dtype="float32", tol=1e-4)
 
@@ -129,13 +131,33 @@ def test_fold_n_equals_fold_1(small_samples):
     assert sut.timings.extra["workers"] == 2
 
 
-@pytest.mark.parametrize("system,workload", [("pytorch", "tree_lstm"), ("cudnn", "var_lstm"), ("fold", "tree_fc")])
+@pytest.mark.parametrize("system,workload", [("pytorch", "tree_lstm"), ("cudnn", "var_lstm"), ("fold", "tree_fc"),
+                                             ("pytorch-levels", "tree_lstm")])
 def test_infer_gives_the_loss_and_leaves_parameters(system, workload, small_samples):
     train, infer = make(system, workload, dtype="float64"), make(system, workload, dtype="float64", mode="infer")
     samples = small_samples[workload]
     assert infer.step(infer.prepare(samples)) == pytest.approx(train.step(train.prepare(samples)), rel=1e-12)
     for name, value in infer.get_params().items():
         np.testing.assert_array_equal(value, workloads.init_params(workload, H, 2, "float64", 8)[name])
+
+
+@pytest.mark.parametrize("system", ["pytorch-levels", "fold"])
+def test_unary_vertices_and_mixed_levels(system):
+    """A unary vertex (one child absent) and levels where only some rows have a token or children:
+    the level-batched paths that index_add into a subset of a level's rows."""
+    samples = ["(1 (2 (3 a)) (4 (2 b) (0 c)))", "(3 (1 (2 d)))", "(2 e)", "(0 (1 f) (2 (3 g) (4 h)))"]
+    vocab_sut = assert_same_step(system, "tree_lstm", samples)
+    assert vocab_sut.timings.steps == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compile_cell", [False, True])
+def test_pytorch_levels_compiled_cell_is_the_same(compile_cell, small_samples):
+    """torch.compile on the level cell (the `compile` option) computes the eager cell's numbers."""
+    if compile_cell:
+        pytest.importorskip("torch._inductor")
+    sut = assert_same_step("pytorch-levels", "tree_fc", small_samples["tree_fc"], compile=compile_cell)
+    assert sut.timings.extra["compiled"] is compile_cell
 
 
 def test_fold_schedule_carries_shallow_children_up():

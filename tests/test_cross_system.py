@@ -9,7 +9,7 @@ import cavs
 from baselines import get_system
 
 # system -> the Python module it needs (skip, with the reason, where it is not installed)
-NEEDS = {"pytorch": "torch", "cudnn": "torch", "fold": "torch", "fold-n": "torch",
+NEEDS = {"pytorch": "torch", "pytorch-levels": "torch", "cudnn": "torch", "fold": "torch", "fold-n": "torch",
          "dynet": "dynet", "dynet-depth": "dynet", "tensorflow": "tensorflow", "cavs-serial": None}
 CASES = [(system, workload) for system in NEEDS for workload in cavs.workloads.WORKLOADS]
 HIDDEN = 6

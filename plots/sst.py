@@ -90,6 +90,8 @@ def figure(df, tta):
     axes[2].set(xlabel="epoch", ylabel="training loss (mean per vertex)", title="training loss")
     for ax in axes:
         ax.grid(alpha=0.3)
+    for ax in axes[:2]:
+        ax.set_xlim(left=0)
     axes[0].legend(fontsize=8)
     profile = ", ".join(sorted(set(ok["profile"].astype(str))))
     threads = ", ".join(sorted(set(ok["threads"].astype(str))))

@@ -125,9 +125,9 @@ class RayExecutor:
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")      # no usage reports to the network
         if not ray.is_initialized():
-            kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-            if self.address is None:          # a private instance: small object store, results are small
-                kwargs.update(num_cpus=self.num_cpus, object_store_memory=100 * 2**20)
+            kwargs = dict(log_to_driver=False, logging_level="WARNING")
+            if self.address is None:          # a private instance: no dashboard, small object store
+                kwargs.update(num_cpus=self.num_cpus, include_dashboard=False, object_store_memory=100 * 2**20)
             ray.init(address=self.address, **kwargs)
             self._started = True
         self._task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_cell_task)
@@ -160,6 +160,7 @@ class RayExecutor:
             biggest = max((n["Resources"].get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")), default=0)
             sys.exit(f"no node of {self.describe()} can run a cell of {threads} thread(s)"
                      + (" and one GPU" if device == "cuda" else "") + f" (the most CPUs a node offers: {biggest:g})")
+        self._cell_nodes = [n["NodeID"] for n in nodes]
         refs = [self._probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
                 .remote(threads, "") for n in nodes]
         return self.ray.get(refs)
@@ -179,9 +180,12 @@ class RayExecutor:
         return kind
 
     def environment(self, threads: int, profile: str) -> dict:
-        """environment.json from a node that runs cells, not from the driver."""
+        """environment.json from a node that runs cells (the first one check() probed), not from the driver."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         self._connect()
-        collect = self.ray.remote(num_cpus=0)(environment.collect)
+        nodes = getattr(self, "_cell_nodes", None) or [n["NodeID"] for n in self._nodes(threads)]
+        collect = self.ray.remote(num_cpus=0)(environment.collect).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[0], soft=True))
         return self.ray.get(collect.remote(threads, profile))
 
     def slots(self, threads: int, device: str) -> int:

@@ -146,6 +146,22 @@ def test_nodes_of_two_kinds_are_refused_naming_them(cluster, tmp_path, monkeypat
     assert not results.csv_path(tmp_path, "fake").exists()
 
 
+@needs_ray
+def test_cli_runs_a_sweep_through_ray_into_this_kinds_directory(cluster, tmp_path, monkeypatch, capsys):
+    """`python -m experiments run EXP --executor ray --address ...` with no --results, where results/ holds
+    another kind's results: the cells run as Ray tasks into results/<kind>/."""
+    from experiments.__main__ import main
+    monkeypatch.setitem(registry.EXPERIMENTS, "fake", fake_experiment())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "environment.json").write_text(json.dumps({"cpu_model": "Another CPU", "cpu_count": 64}))
+    assert main(["run", "fake", "--profile", "quick", "--executor", "ray", "--address", cluster]) == 0
+    own = Path("results") / machine.slug(machine.kind())
+    assert f"results: {own}" in capsys.readouterr().err
+    assert [r["status"] for r in rows_of(own)] == ["ok", "ok"]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == sorted(["environment.json", own.name])
+
+
 def test_without_ray_the_executor_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)                  # import ray raises ImportError
     with pytest.raises(SystemExit, match=r"pip install -e '\.\[cluster\]'"):

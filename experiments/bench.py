@@ -29,7 +29,7 @@ from .cell import RESULT_MARK
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}
 ALL_SYSTEMS = {
-    "tree_lstm": ("cavs", "cavs-serial", "dynet", "dynet-depth", "fold", "fold-n", "pytorch"),
+    "tree_lstm": ("cavs", "cavs-serial", "dynet", "dynet-depth", "fold", "fold-n", "pytorch-levels", "pytorch"),
     "var_lstm": ("cavs", "cavs-serial", "dynet", "dynet-depth", "tensorflow", "cudnn", "pytorch"),
 }
 CAVS_VARIANTS = {

@@ -1,8 +1,23 @@
 """One sweep cell, in its own process: `python -m experiments.cell '<json spec>'`.
 
-Builds the system, warms it up on one batch (untimed), then times prepare() + step() over the measured
-batches (`repeats` times, keeping the fastest pass) and prints one line `CELL_RESULT {json}`. The runner
-sets the BLAS libraries' thread variables in this process's environment; the system sets its framework's.
+Sets the numeric environment (flush-to-zero and denormals-are-zero, on unless $CAVS_FTZ=0 or the spec's
+`ftz` says otherwise) in the main thread before anything is imported, so every system and every thread
+its framework starts computes under the same setting; sets it again after the system is built and
+warmed up (DyNet's library turns FTZ/DAZ on when it is loaded, the Cavs engine calls
+torch.set_flush_denormal).
+
+Builds the system, warms it up (untimed) on the largest batch outside the timed slice, so that buffers
+sized by the batch reach their epoch maximum before the clock starts, then times prepare() + step()
+over the slice's batches (`repeats` times, keeping the fastest pass) and prints one line
+`CELL_RESULT {json}` with the result columns, and one line `CELL_EXTRA {json}` with what is not a
+column (the denormal probe, the memory profiler's details). The runner sets the BLAS libraries' thread
+variables in this process's environment; the system sets its framework's.
+
+The slice (`samples` of the epoch, whole batches): `spread` (default) sorts the epoch's batches by their
+work (vertices), cuts them into as many strata of equal count as the slice has batches and takes from
+each the batch nearest its stratum's mean, so the slice's batch sizes follow the epoch's, mean included,
+and come from all over the epoch; `first` takes the first batches of the shuffled epoch (a contiguous
+block: the extrapolation check's reference, experiments/extrapolation.py).
 
 A system is a name of the baselines registry, or `package.module:Class` (a base.System subclass,
 used by the tests' fake system).
@@ -15,12 +30,16 @@ import importlib
 import json
 import math
 import os
+import resource
 import signal
 import sys
 import time
 import traceback
 
+from . import environment
+
 RESULT_MARK = "CELL_RESULT "
+EXTRA_MARK = "CELL_EXTRA "
 
 
 def _die_with_parent():
@@ -49,42 +68,221 @@ def _backend(system, name: str) -> str:
     return str(getattr(backend, "name", backend) or SYSTEM_FACTS.get(name, ("",))[0] or "")
 
 
-def measure(spec: dict) -> dict:
-    from cavs.datasets import load_samples, shuffled
+# ---------------------------------------------------------------- which batches are timed
 
+def sample_work(workload: str, sample) -> int:
+    """A sample's vertices (its cost grows with them): tokens of a sentence, nodes of an SST tree."""
+    if workload == "tree_lstm":
+        return str(sample).count("(")              # one bracket per node
+    if workload == "tree_fc":
+        return 2 * len(sample[0]) - 1
+    return len(sample) - 1                          # fixed/var LSTM: input tokens (the last is a target)
+
+
+def pick_slice(work: list[int], count: int, how: str = "spread") -> list[int]:
+    """Indices (in epoch order) of the `count` batches to time, of batches whose work is `work`."""
+    n = len(work)
+    if count >= n:
+        return list(range(n))
+    if how == "first":
+        return list(range(count))
+    if how != "spread":
+        raise ValueError(f"unknown slice {how!r}: spread or first")
+    order = sorted(range(n), key=lambda i: (work[i], i))
+    picks = []
+    for j in range(count):
+        stratum = order[j * n // count:(j + 1) * n // count]
+        mean = sum(work[i] for i in stratum) / len(stratum)
+        picks.append(min(stratum, key=lambda i: (abs(work[i] - mean), i)))
+    return sorted(picks)
+
+
+def pick_warmup(work: list[int], timed: list[int], count: int, how: str = "largest") -> list[int]:
+    """`largest` (default): the `count` largest batches outside the timed slice (of all batches when the
+    slice is the whole epoch); `last`: the epoch's last batches (the harness's first choice, kept so the
+    extrapolation check can compare)."""
+    if count <= 0:
+        return []
+    if how == "last":
+        return list(range(len(work)))[-count:]
+    if how != "largest":
+        raise ValueError(f"unknown warm-up {how!r}: largest or last")
+    taken = set(timed)
+    rest = [i for i in range(len(work)) if i not in taken] or list(range(len(work)))
+    return sorted(sorted(rest, key=lambda i: (-work[i], i))[:count])
+
+
+# ---------------------------------------------------------------- the numeric environment, checked
+
+def _probe_values(np, vals) -> dict:
+    each = [bool((np.asarray(v) == 0).all()) for v in vals]
+    out = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in vals])
+    return {"max_abs": float(np.abs(out).max()), "flushed": all(each), "each": each}
+
+
+def probe_denormals(frameworks) -> dict:
+    """Computes, in each framework, products whose exact results are float32 denormals (FTZ: flushed to
+    0) and a denormal input times 1e30, a normal 1e-10 unless the input is read as 0 (DAZ); `flushed` is
+    True where all were 0 (`each`: per product)."""
+    import numpy as np
+    tiny, denormal, big = np.float32(1e-20), np.float32(1e-40), np.float32(1e30)
+    a = np.full((8, 8), tiny, np.float32)
+    out = {"main_thread_ftz_daz": environment.flush_state()}
+    for fw in frameworks:
+        try:
+            if fw == "numpy":
+                vals = [a * a, a @ a, np.full(8, denormal, np.float32) * big]
+            elif fw == "torch":
+                import torch
+                t = torch.from_numpy(a.copy())
+                threads = torch.get_num_threads()
+                torch.set_num_threads(max(2, threads))     # the worker threads too (inherited MXCSR)
+                try:
+                    many = torch.full((512, 512), 1e-21)
+                    vals = [t * t, t @ t, torch.full((8,), 1e-40) * 1e30, many * many, many @ many]
+                finally:
+                    torch.set_num_threads(threads)
+                vals = [v.numpy() for v in vals]
+            elif fw == "tensorflow":
+                import tensorflow as tf
+
+                @tf.function
+                def products(x, d):
+                    return x * x, tf.matmul(x, x), d * 1e30
+                vals = [v.numpy() for v in products(tf.constant(a), tf.constant(np.full(8, denormal, np.float32)))]
+            elif fw == "dynet":
+                import dynet as dy
+                dy.renew_cg()
+                x = dy.inputTensor(a.ravel())          # 1-D: a 2-D inputTensor corrupts DyNet 2.2's heap
+                m = dy.reshape(x, (8, 8))
+                vals = [dy.cmult(x, x).npvalue(), (m * m).npvalue(),
+                        (dy.inputTensor(np.full(8, denormal, np.float32)) * 1e30).npvalue()]
+                dy.renew_cg()
+            else:
+                continue
+            out[fw] = _probe_values(np, vals)
+        except Exception as exc:      # a probe that cannot run says why; the test fails on it
+            out[fw] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    return out
+
+
+def frameworks_of(system_name: str) -> list[str]:
+    """The numeric libraries a system computes with (numpy always: every system touches it)."""
+    from .registry import SYSTEM_FACTS
+    framework = SYSTEM_FACTS.get(system_name, (None,))[0]
+    found = ["numpy"]
+    if framework:
+        found.append(framework)
+    elif "torch" in sys.modules:                   # the Cavs engine's CPU GEMMs go through PyTorch's MKL
+        found.append("torch")
+    return found
+
+
+# ---------------------------------------------------------------- memory
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux reports KiB), start-up and warm-up included."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def gpu_peak_mb() -> float | None:
+    """Peak device memory held by the process's allocators (PyTorch's caching allocator, CuPy's pool,
+    which keeps freed blocks: its size at the end is its peak); the CUDA context is not included."""
+    peaks = []
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            peaks.append(torch.cuda.max_memory_reserved() / 2**20)
+    except Exception:
+        pass
+    cupy = sys.modules.get("cupy")
+    try:
+        if cupy is not None:
+            peaks.append(cupy.get_default_memory_pool().total_bytes() / 2**20)
+    except Exception:
+        pass
+    return max(peaks) if peaks else None
+
+
+# ---------------------------------------------------------------- the cell
+
+def _batches(spec):
+    try:
+        from cavs.datasets import load_samples, shuffled
+    except ImportError:                                 # the data sets' module moved under cavs.models
+        from cavs.models.datasets import load_samples, shuffled
     bs = spec["batch_size"]
     samples = load_samples(spec["workload"], "train", leaves=spec["leaves"])
     if spec.get("order", "shuffled") == "shuffled":     # WORKLOADS.md; experiments.bench uses file order
         samples = shuffled(samples, seed=0)
-    batches = [samples[i:i + bs] for i in range(0, len(samples) - bs + 1, bs)]   # last partial batch dropped
+    return [samples[i:i + bs] for i in range(0, len(samples) - bs + 1, bs)]   # last partial batch dropped
+
+
+def measure(spec: dict, extra: dict) -> dict:
+    ftz = environment.ftz_requested(spec.get("ftz"))
+    bs = spec["batch_size"]
+    batches = _batches(spec)
     epoch_samples = len(batches) * bs
-    timed = len(batches) if spec["samples"] is None else min(len(batches), math.ceil(spec["samples"] / bs))
+    count = len(batches) if spec["samples"] is None else min(len(batches), math.ceil(spec["samples"] / bs))
+    work = [sum(sample_work(spec["workload"], s) for s in b) for b in batches]
+    timed = pick_slice(work, count, spec.get("slice", "spread"))
+    warmup = pick_warmup(work, timed, spec["warmup_batches"], spec.get("warmup", "largest"))
 
     system = system_factory(spec["system"])(
         spec["workload"], hidden=spec["hidden"], batch_size=bs, mode=spec["mode"], dtype="float32",
         threads=spec["threads"], seed=0, leaves=spec["leaves"], device=spec["device"], **spec["options"])
+    environment.set_flush_denormals(ftz)                # the harness's setting, whatever the system set
     backend = _backend(system, spec["system"])          # before timings.reset() clears timings.extra
-    for batch in batches[len(batches) - spec["warmup_batches"]:]:    # warm up off the timed slice
-        system.step(system.prepare(batch))
+    for i in warmup:
+        system.step(system.prepare(batches[i]))
     system.synchronize()
+    environment.set_flush_denormals(ftz)
 
     best = None
     for _ in range(spec["repeats"]):      # the fastest pass: other load on a shared machine only slows one down
         system.timings.reset()
         t0 = time.perf_counter()
-        for batch in batches[:timed]:
-            loss = system.step(system.prepare(batch))
+        for i in timed:
+            loss = system.step(system.prepare(batches[i]))
         system.synchronize()
         total = time.perf_counter() - t0
         if best is None or total < best[0]:
             best = (total, dataclasses.replace(system.timings), loss)
 
     total, t, loss = best
-    measured = timed * bs
-    return {"backend": backend, "samples": measured, "epoch_samples": epoch_samples,
-            "construct_s": t.construct_s, "compute_s": t.compute_s, "memory_s": t.memory_s,
-            "total_s": total, "epoch_s": total / measured * epoch_samples,
-            "extrapolated": measured < epoch_samples, "loss": float(loss), "status": "ok"}
+    memory_s = t.memory_s
+    if t.memory_s is None and _wants_memory_profile(spec):
+        from . import memprofile
+        share = memprofile.profile(system, [batches[i] for i in timed])
+        extra["memory_profile"] = share
+        if share.get("memory_per_compute") is not None:
+            memory_s = share["memory_per_compute"] * t.compute_s
+    measured = len(timed) * bs
+    result = {"backend": backend, "samples": measured, "epoch_samples": epoch_samples,
+              "construct_s": t.construct_s, "compute_s": t.compute_s, "memory_s": memory_s,
+              "total_s": total, "epoch_s": total / measured * epoch_samples,
+              "extrapolated": measured < epoch_samples, "loss": float(loss), "status": "ok",
+              "ftz": ftz, "peak_rss_mb": round(peak_rss_mb(), 1)}
+    if spec.get("device") == "cuda":
+        gpu = gpu_peak_mb()
+        result["gpu_peak_mb"] = None if gpu is None else round(gpu, 1)
+    if spec.get("probe_denormals"):
+        extra["denormals"] = probe_denormals(frameworks_of(spec["system"]))
+    extra["slice"] = {"how": spec.get("slice", "spread"), "batches": len(timed), "warmup": warmup,
+                      "slice_work_per_sample": sum(work[i] for i in timed) / measured,
+                      "epoch_work_per_sample": sum(work) / epoch_samples}
+    return result
+
+
+def _wants_memory_profile(spec) -> bool:
+    """DyNet's memory movement is sampled (experiments/memprofile.py) in table2's cells, or wherever
+    $CAVS_DYNET_PERF=1; $CAVS_DYNET_PERF=0 turns it off."""
+    if not str(spec.get("system", "")).startswith("dynet"):
+        return False
+    flag = os.environ.get("CAVS_DYNET_PERF")
+    if flag is not None:
+        return environment.ftz_requested(flag)      # the same 0/1 parsing
+    return spec.get("memory_profile", spec.get("experiment") == "table2")
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -94,15 +292,27 @@ def failure_reason(exc: BaseException) -> str:
     return f"failed: {type(exc).__name__}: {message}"[:300]
 
 
+def _columns(result: dict) -> dict:
+    """Only the results CSV's columns go on the result line (the runner writes them as a row)."""
+    from .results import COLUMNS
+    return {k: v for k, v in result.items() if k in COLUMNS or k == "status"}
+
+
 def main(argv):
     _die_with_parent()
     spec = json.loads(argv[1])
+    ftz = environment.ftz_requested(spec.get("ftz"))
+    environment.set_flush_denormals(ftz)            # first, before any framework starts a thread
+    os.environ["CAVS_FTZ"] = "1" if ftz else "0"    # for the engine and any process the system starts
+    extra = {}
     try:
-        result = measure(spec)
+        result = measure(spec, extra)
     except Exception as exc:      # any failure of the system is this cell's result, not a crash of the sweep
         traceback.print_exc()
-        result = {"status": failure_reason(exc)}
-    print(RESULT_MARK + json.dumps(result), flush=True)
+        result = {"status": failure_reason(exc), "peak_rss_mb": round(peak_rss_mb(), 1)}
+    extra["result"] = result
+    print(EXTRA_MARK + json.dumps(extra), flush=True)
+    print(RESULT_MARK + json.dumps(_columns(result)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """RESULTS/environment.json: the machine and library versions the numbers came from."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.metadata
 import json
 import os
@@ -17,7 +19,79 @@ LIBRARIES = {
     "cupy": ("cupy-cuda12x", "cupy-cuda11x", "cupy"), "pandas": ("pandas",), "matplotlib": ("matplotlib",),
 }
 ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
-            "CAVS_BACKEND", "CAVS_CPU_BLAS", "CUDA_VISIBLE_DEVICES")
+            "CAVS_BACKEND", "CAVS_CPU_BLAS", "CUDA_VISIBLE_DEVICES", "CAVS_FTZ", "CAVS_DYNET_MEM",
+            "CAVS_DYNET_PERF")
+
+
+# ---------------------------------------------------------------- the numeric environment (FTZ / DAZ)
+#
+# Flush-to-zero (a denormal result becomes 0) and denormals-are-zero (a denormal input is read as 0)
+# are bits of each thread's floating-point control register: MXCSR bits 15 and 6 on x86-64, FPCR bit 24
+# (FZ, both at once) on AArch64. Linux copies the register into every thread a thread creates, so the
+# harness sets it in a cell's main thread before anything is imported, and every pool a framework
+# starts later inherits it. It is set through glibc's fegetenv/fesetenv (ctypes, no framework needed):
+# fenv_t holds MXCSR at byte 28 on x86-64 and FPCR at byte 0 on AArch64.
+_FENV_LAYOUT = {"x86_64": (28, (1 << 15) | (1 << 6)), "amd64": (28, (1 << 15) | (1 << 6)),
+                "aarch64": (0, 1 << 24), "arm64": (0, 1 << 24)}
+
+
+def ftz_requested(value=None) -> bool:
+    """The harness's setting: on unless `value` (or, when None, $CAVS_FTZ) is 0/false/off/no."""
+    if value is None:
+        value = os.environ.get("CAVS_FTZ", "1")
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() not in ("0", "false", "off", "no", "")
+
+
+def _fenv():
+    layout = _FENV_LAYOUT.get(platform.machine().lower())
+    if layout is None:
+        return None
+    try:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    except OSError:
+        return None
+    return libm, layout
+
+
+def control_register() -> int | None:
+    """This thread's MXCSR (x86-64) or FPCR (AArch64); None where it cannot be read."""
+    env = _fenv()
+    if env is None:
+        return None
+    (libm, (offset, _)), buf = env, (ctypes.c_uint8 * 64)()
+    if libm.fegetenv(buf) != 0:
+        return None
+    return int.from_bytes(bytes(buf)[offset:offset + 4], "little")
+
+
+def set_flush_denormals(on: bool) -> bool:
+    """Sets (or clears) FTZ and DAZ on the calling thread; threads it creates afterwards inherit them.
+    Returns whether the register now says what was asked (False where it cannot be set)."""
+    env = _fenv()
+    if env is None:
+        return False
+    libm, (offset, bits) = env
+    buf = (ctypes.c_uint8 * 64)()
+    if libm.fegetenv(buf) != 0:
+        return False
+    reg = int.from_bytes(bytes(buf)[offset:offset + 4], "little")
+    reg = (reg | bits) if on else (reg & ~bits)
+    buf[offset:offset + 4] = list(reg.to_bytes(4, "little"))
+    if libm.fesetenv(buf) != 0:
+        return False
+    now = control_register()
+    return now is not None and ((now & bits) == bits) == on
+
+
+def flush_state() -> bool | None:
+    """Whether FTZ and DAZ are both on in this thread; None where unknown."""
+    reg, env = control_register(), _fenv()
+    if reg is None or env is None:
+        return None
+    bits = env[1][1]
+    return (reg & bits) == bits
 
 
 def _run(cmd: list[str]) -> str:
@@ -79,7 +153,42 @@ def collect(threads: int, profile: str) -> dict:
         "libraries": {name: _version(d) for name, d in LIBRARIES.items()},
         "blas": _blas(), "cavs_cpu_blas": _cavs_cpu_blas(), "environment": {v: os.environ.get(v) for v in ENV_VARS},
         "cell_threads": threads, "profile": profile, "git_rev": git_revision(),
+        "numeric": numeric_record(), "dynet_memory_profiler": perf_status(),
     }
+
+
+def numeric_record() -> dict:
+    """What every cell of this sweep computes under (set by experiments/cell.py for every system)."""
+    on = ftz_requested()
+    return {"ftz": on, "daz": on, "set_by": "the harness, in each cell's main thread before any import "
+            "(glibc fesetenv: MXCSR FTZ+DAZ on x86-64, FPCR FZ on AArch64), again after the system is "
+            "built and warmed up; threads started later inherit it",
+            "exceptions": "TensorFlow flushes denormals inside its own kernels whatever the setting "
+                          "(tensorflow/core/platform/denormal.h, ScopedFlushDenormal)" if not on else None,
+            "machine": platform.machine()}
+
+
+def perf_status() -> str:
+    """Whether DyNet's memory movement can be sampled here (experiments/cell.py, table2's DyNet cells)."""
+    perf = shutil.which("perf")
+    if not perf:
+        return "unavailable: no `perf` on PATH (apt-get install linux-perf)"
+    try:
+        paranoid = Path("/proc/sys/kernel/perf_event_paranoid").read_text().strip()
+    except OSError:
+        paranoid = "?"
+    version = _run([perf, "--version"]) or "perf (version unknown)"
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="cavs-perf-check-") as tmp:
+        try:      # what the cells do: sample a process of this user, with call chains
+            probe = subprocess.run([perf, "record", "-q", "-e", "cpu-clock", "-g", "-o", f"{tmp}/p.data", "--",
+                                    sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"unavailable: {version} did not run: {exc}"
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[0]
+        return f"unavailable: {version} cannot sample here (perf_event_paranoid={paranoid}): {why}"[:300]
+    return f"{version}, perf_event_paranoid={paranoid}"
 
 
 def write(results_dir, threads: int, profile: str) -> Path:

@@ -127,4 +127,27 @@ def speedup_bars(exp, ok, notes):
     return _finish(fig, handles, notes)
 
 
+def memory(exp, ok, notes):
+    """Peak resident memory of each cell's process vs the hidden size (the experiment's h sweeps)."""
+    panels = [p for p in exp.panels if p.vary == "hidden"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    handles = {}
+    for ax, panel in zip(axes.flat, panels):
+        data = ok[(ok["panel"] == panel.id) & ok["peak_rss_mb"].notna()]
+        for system in panel.systems:
+            s = data[data["system"] == system].sort_values("hidden")
+            if s.empty:
+                continue
+            color, marker = _style(system)
+            ax.plot(s["hidden"], s["peak_rss_mb"], color=color, marker=marker, markersize=5)
+            handles[system] = Line2D([], [], color=color, marker=marker)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(panel.values, [str(v) for v in panel.values], fontsize=7)
+        ax.set_xlabel(AXIS_LABEL["hidden"])
+        ax.set_ylabel("peak RSS of the cell (MB)")
+        ax.set_title(panel.title, fontsize=9)
+    return _finish(fig, handles, notes)
+
+
 KINDS = {"lines": lines, "construction": construction, "speedup_bars": speedup_bars}

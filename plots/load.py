@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 
 TIME_COLUMNS = ("construct_s", "compute_s", "memory_s", "computation_s", "total_s")
+MEMORY_COLUMNS = ("peak_rss_mb", "gpu_peak_mb")     # per cell process, not scaled
 
 
 def load(results_dir, experiment: str, profile: str | None = None):
@@ -20,6 +21,9 @@ def load(results_dir, experiment: str, profile: str | None = None):
     df = df[df["profile"] == profile]
     if df.empty:
         raise ValueError(f"{path} has no rows of profile {profile!r}")
+    for col in MEMORY_COLUMNS:           # rows written before the harness recorded memory
+        if col not in df:
+            df[col] = float("nan")
     ok = df[df["status"] == "ok"].copy()
     ok["extrapolated"] = ok["extrapolated"].astype(str) == "True"
     ok["computation_s"] = ok["compute_s"] - ok["memory_s"]

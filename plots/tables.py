@@ -2,7 +2,12 @@
 system and value, times per epoch in seconds; `*` marks an extrapolated number."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
+
+from experiments.registry import WORKLOAD_TITLES
 
 
 def _cell(s, key, value) -> str:
@@ -39,6 +44,59 @@ def write(exp, ok, notes, profile, out_dir):
     if ok["extrapolated"].any():
         lines.append("`*` extrapolated from a measured slice of the epoch (time per sample x epoch samples); "
                      "`-` not measured; `n/a` not measurable by that system.")
+    if exp.name == "table2":
+        lines.append(dynet_memory_note(Path(out_dir).parent))
     lines += [n for n in notes if n]
     (out_dir / f"{exp.name}.md").write_text("\n".join(lines) + "\n")
     return [out_dir / f"{exp.name}.md", out_dir / f"{exp.name}.csv"]
+
+
+def dynet_memory_note(results_dir) -> str:
+    """How Table 2's DyNet memory_s was measured, and why it is n/a where it is."""
+    env = Path(results_dir) / "environment.json"
+    how = json.loads(env.read_text()).get("dynet_memory_profiler") if env.exists() else None
+    return ("DyNet's memory_s is sampled, not timed (experiments/memprofile.py): `perf record -g` over an "
+            "extra untimed pass of the cell's batches; the share of samples in the autobatcher's input "
+            "gathers and gradient scatters (combine_tensors, accumulate_tensors and their memcpy) and the "
+            "embedding lookup and its gradient, scaled to the timed pass's compute_s. `n/a` where perf could "
+            "not sample" + (f"; this sweep's machine: {how}." if how else "."))
+
+
+# ---------------------------------------------------------------- peak memory (Figure 8's h sweeps)
+
+MEMORY_NOTE = ("Peak resident memory (ru_maxrss) of each cell's process, in MB: interpreter, framework "
+               "libraries, the data set, parameters, activations and buffers, warm-up and timed slice "
+               "included. DyNet reserves its memory pool when it starts (sized from the workload, at least "
+               "1 GB: baselines/dynet_autobatch.py `pool_mb`) and touches it, so its number is the reserved "
+               "pool plus the rest, not what its graphs used. Fold-N's worker processes are not included. "
+               "On a GPU, gpu_peak_mb is the framework allocator's peak (PyTorch's caching allocator, CuPy's "
+               "pool), without the CUDA context.")
+
+
+def memory_table(exp, ok, value: str = "peak_rss_mb") -> pd.DataFrame:
+    """Rows (workload, h) of the experiment's hidden-size panels, one column per system."""
+    panels = [p for p in exp.panels if p.vary == "hidden"]
+    rows = []
+    for panel in panels:
+        data = ok[(ok["panel"] == panel.id) & ok[value].notna()]
+        for h in panel.values:
+            row = {"workload": WORKLOAD_TITLES[panel.workload], "batch_size": panel.batch_size, "hidden": h}
+            for system in exp.systems:
+                cell = data[(data["system"] == system) & (data["hidden"] == h)]
+                row[system] = f"{cell[value].iloc[-1]:.0f}" if len(cell) else "-"
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    keep = [c for c in df.columns if c in ("workload", "batch_size", "hidden") or (df[c] != "-").any()]
+    return df[keep]
+
+
+def write_memory(exp, ok, notes, profile, out_dir) -> list:
+    df = memory_table(exp, ok)
+    df.to_csv(out_dir / "memory.csv", index=False)
+    lines = [f"## Peak memory per cell process (MB), {exp.name}'s hidden-size sweeps", "",
+             f"Profile `{profile}`; `-` not measured.", "", markdown(df), "", MEMORY_NOTE]
+    if ok["gpu_peak_mb"].notna().any():
+        lines += ["", "GPU (MB):", "", markdown(memory_table(exp, ok, "gpu_peak_mb"))]
+    lines += [n for n in notes if n]
+    (out_dir / "memory.md").write_text("\n".join(lines) + "\n")
+    return [out_dir / "memory.md", out_dir / "memory.csv"]

@@ -1,0 +1,152 @@
+"""Checks the `cpu` profile's extrapolation: for each cell below, the cpu-profile cell (a slice of the epoch,
+per-epoch time extrapolated) and a long measurement of the same cell (the whole epoch where that costs
+under about a minute here, else at least ten times the slice's samples, a contiguous block of the
+shuffled epoch), each in its own process like a sweep's cells; writes RESULTS/extrapolation.csv and
+fails when an extrapolation is off by more than --max-error (default 15%).
+
+    python -m experiments.extrapolation [--results results] [--only 1,5,...] [--list]
+    python -m experiments.extrapolation --slice first --warmup last     # the harness's former slice choice
+
+About 10-15 minutes on a quiet 2-core machine (`--list` prints the cells and the cost model's guesses).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import environment, runner
+from .profiles import get_profile, measured_samples
+
+# (system, workload, batch_size, hidden, long): long = "epoch" (the whole epoch) or a multiple of the slice.
+# Chosen to cover every kind of system (batched engine, DyNet, TensorFlow, cuDNN-LSTM, Fold, per-sample
+# PyTorch and Cavs-serial), the four workloads, h = 64 ... 1024 and bs = 1 ... 256, within the time budget.
+CELLS = (
+    ("cavs", "tree_lstm", 64, 512, "epoch"),
+    ("cavs", "tree_lstm", 1, 512, 10),
+    ("cavs", "tree_fc", 64, 1024, 10),
+    ("cavs", "var_lstm", 256, 512, 10),
+    ("cavs-serial", "tree_lstm", 16, 512, 10),
+    ("dynet", "tree_lstm", 64, 128, "epoch"),
+    ("dynet", "tree_lstm", 1, 512, 10),
+    ("dynet", "tree_fc", 256, 512, 10),
+    ("tensorflow", "fixed_lstm", 1, 512, 10),
+    ("tensorflow", "var_lstm", 64, 256, 10),
+    ("cudnn", "fixed_lstm", 8, 512, 10),
+    ("fold", "tree_lstm", 256, 512, "epoch"),
+    ("fold", "tree_fc", 64, 64, "epoch"),
+    ("pytorch", "tree_lstm", 1, 512, 10),
+    ("pytorch", "tree_fc", 4, 512, 10),
+)
+COLUMNS = ("system", "workload", "mode", "batch_size", "hidden", "leaves", "slice", "warmup",
+           "slice_samples", "slice_total_s", "long_samples", "long_total_s", "long_is_epoch", "epoch_samples",
+           "extrapolated_epoch_s", "measured_epoch_s", "rel_error", "status", "ftz", "git_rev", "timestamp")
+
+
+def cell_spec(system, workload, bs, hidden, *, samples, slice_how, warmup_how, threads=1) -> dict:
+    profile = get_profile("cpu")
+    cell = {"experiment": "extrapolation", "panel": "x", "workload": workload, "system": system,
+            "variant": "default", "options": {}, "mode": "train", "batch_size": bs, "hidden": hidden,
+            "leaves": 256, "threads": threads, "device": "cpu", "profile": profile.name,
+            "warmup_batches": profile.warmup_batches, "repeats": profile.repeats}
+    cell["samples"] = measured_samples(profile, cell) if samples == "cpu" else samples
+    cell["slice"], cell["warmup"] = slice_how, warmup_how
+    cell["cell_id"] = f"extrapolation-{system}-{workload}-{bs}-{hidden}-{slice_how}-{samples}"
+    return cell
+
+
+def long_samples(slice_samples: int, bs: int, long, epoch_samples: int) -> int | None:
+    """The long measurement's samples (whole batches); None = the whole epoch."""
+    if long == "epoch" or slice_samples * long >= epoch_samples:
+        return None
+    return -(-slice_samples * long // bs) * bs
+
+
+def check_cell(entry, results_dir: Path, slice_how: str, warmup_how: str) -> dict:
+    system, workload, bs, hidden, long = entry
+    row = {"system": system, "workload": workload, "mode": "train", "batch_size": bs, "hidden": hidden,
+           "leaves": 256, "slice": slice_how, "warmup": warmup_how, "ftz": environment.ftz_requested(),
+           "git_rev": environment.git_revision(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    log_dir = results_dir / "logs"
+    short = cell_spec(system, workload, bs, hidden, samples="cpu", slice_how=slice_how, warmup_how=warmup_how)
+    first = runner.run_cell(short, get_profile("cpu").time_limit_s, log_dir)
+    if first["status"] != "ok":
+        return {**row, "status": f"slice {first['status']}"}
+    epoch = int(first["epoch_samples"])
+    n = long_samples(first["samples"], bs, long, epoch)
+    # the reference: a contiguous block of the shuffled epoch (a plain random sample), or all of it
+    ref = cell_spec(system, workload, bs, hidden, samples=n, slice_how="first", warmup_how=warmup_how)
+    guess_s = first["total_s"] * (n or epoch) / first["samples"]
+    second = runner.run_cell(ref, 120 + 4 * guess_s, log_dir)
+    if second["status"] != "ok":
+        return {**row, "slice_samples": first["samples"], "status": f"long {second['status']}"}
+    err = first["epoch_s"] / second["epoch_s"] - 1
+    return {**row, "slice_samples": first["samples"], "slice_total_s": round(first["total_s"], 4),
+            "long_samples": second["samples"], "long_total_s": round(second["total_s"], 4),
+            "long_is_epoch": not second["extrapolated"], "epoch_samples": second["epoch_samples"],
+            "extrapolated_epoch_s": round(first["epoch_s"], 3), "measured_epoch_s": round(second["epoch_s"], 3),
+            "rel_error": round(err, 4), "status": "ok"}
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(buf.getvalue())
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.extrapolation",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default="results", help="writes RESULTS/extrapolation.csv")
+    parser.add_argument("--only", help="comma-separated cell numbers (see --list), e.g. 1,6,9")
+    parser.add_argument("--list", action="store_true", help="print the cells and exit")
+    parser.add_argument("--max-error", type=float, default=0.15)
+    parser.add_argument("--slice", default="spread", choices=("spread", "first"), help="the slice under test")
+    parser.add_argument("--warmup", default="largest", choices=("largest", "last"))
+    parser.add_argument("--out", help="file name under RESULTS (default extrapolation.csv)")
+    args = parser.parse_args(argv)
+    chosen = [int(x) for x in args.only.split(",")] if args.only else list(range(1, len(CELLS) + 1))
+    if args.list:
+        for i, c in enumerate(CELLS, 1):
+            print(f"{i:>3}  {c[0]:<12} {c[1]:<11} bs={c[2]:<4} h={c[3]:<5} long={c[4]}")
+        return 0
+    results_dir = Path(args.results)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / (args.out or "extrapolation.csv")
+    rows, bad = [], []
+    for i in chosen:
+        entry = CELLS[i - 1]
+        if runner.unavailable(entry[0], "cpu"):
+            print(f"skipped {entry[0]}: {runner.unavailable(entry[0], 'cpu')}", file=sys.stderr)
+            continue
+        t0 = time.monotonic()
+        row = check_cell(entry, results_dir, args.slice, args.warmup)
+        rows.append(row)
+        write_csv(path, rows)          # after every cell: a killed check keeps what it measured
+        ok = row["status"] == "ok" and abs(row["rel_error"]) <= args.max_error
+        if not ok:
+            bad.append(row)
+        print(f"{i:>3} {entry[0]:<12} {entry[1]:<11} bs={entry[2]:<4} h={entry[3]:<5} "
+              + (f"slice {row['slice_samples']:>5} -> {row['extrapolated_epoch_s']:>9.2f} s, "
+                 f"long {row['long_samples']:>5}{' (epoch)' if row['long_is_epoch'] else ''} -> "
+                 f"{row['measured_epoch_s']:>9.2f} s, error {row['rel_error']:+.1%}"
+                 if row["status"] == "ok" else row["status"])
+              + f"  [{time.monotonic() - t0:.0f} s]" + ("" if ok else "  <-- FAIL"), flush=True)
+    print(f"wrote {path}")
+    if bad:
+        print(f"FAILED: {len(bad)} of {len(rows)} cells off by more than {args.max_error:.0%} or not measured",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

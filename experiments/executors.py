@@ -109,8 +109,8 @@ class RayExecutor:
     'auto' joins the cluster this machine belongs to (`ray start`), 'ray://host:10001' is a Ray client."""
     name = "ray"
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None):
-        self.address, self.num_cpus = address, num_cpus
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, max_retries: int = MAX_RETRIES):
+        self.address, self.num_cpus, self.max_retries = address, num_cpus, max_retries
         self.ray = import_ray()
         self._started = False
 
@@ -128,9 +128,10 @@ class RayExecutor:
             kwargs = dict(log_to_driver=False, logging_level="WARNING")
             if self.address is None:          # a private instance: no dashboard, small object store
                 kwargs.update(num_cpus=self.num_cpus, include_dashboard=False, object_store_memory=100 * 2**20)
-            ray.init(address=self.address, **kwargs)
+            # "local": a new instance even where a cluster was started with `ray start` on this machine
+            ray.init(address=self.address or "local", **kwargs)
             self._started = True
-        self._task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_cell_task)
+        self._task = ray.remote(max_retries=self.max_retries, retry_exceptions=False)(_cell_task)
         self._probe = ray.remote(num_cpus=0, max_retries=MAX_RETRIES)(_probe)
 
     def __exit__(self, *exc):

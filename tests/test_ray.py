@@ -55,7 +55,7 @@ def cluster():
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved]))
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    info = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20,
+    info = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20,
                     logging_level="WARNING")
     yield info.address_info["gcs_address"]
     ray.shutdown()
@@ -129,6 +129,27 @@ def test_killed_worker_and_driver_lose_no_row_and_duplicate_none(cluster, tmp_pa
     assert counts == {"already measured": len(before), "ok": 6 - len(before)}
     assert len(rows) == len({r["cell_id"] for r in rows}) == 6 and all(r["status"] == "ok" for r in rows)
     assert str(first["cell"]) in {r["batch_size"] for r in rows}   # the killed worker's cell was measured
+
+
+@needs_ray
+def test_a_cell_whose_retries_run_out_is_recorded_as_failed_with_rays_reason(cluster, tmp_path):
+    import threading
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    exp = experiment(MARKED, (1,), (("default", {"marks": str(marks), "sleep_ms": 3000}),))
+    counts = {}
+    with executors.RayExecutor(max_retries=0) as executor:
+        sweep = threading.Thread(target=lambda: counts.update(
+            runner.run(exp, PROFILE, tmp_path / "out", progress=False, executor=executor)))
+        sweep.start()
+        deadline = time.monotonic() + 60
+        while not list(marks.glob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(json.loads(next(marks.glob("*.json")).read_text())["worker"], signal.SIGKILL)
+        sweep.join(60)
+    [row] = rows_of(tmp_path / "out")
+    assert counts["failed"] == 1 and row["status"].startswith("failed: ray: "), row["status"]
+    assert (tmp_path / "out" / "logs" / f"{row['cell_id']}.log").exists()
 
 
 @needs_ray

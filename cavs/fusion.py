@@ -6,13 +6,21 @@ linked through an op outside it (a path that leaves and re-enters) is split, so 
 as one step. Each group is rendered from the ops' expression templates into one kernel that
 reads its external inputs and writes only the values something outside the group reads (the
 rest stay in registers): a Numba loop on the CPU, a `cupy.ElementwiseKernel` on the GPU.
-Compiled kernels are cached by their source text.
+Compiled CPU kernels persist across processes in a kernel cache on disk (see compile_numba);
+CuPy keeps its own (~/.cupy/kernel_cache).
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
+import os
+import platform
 import re
-from dataclasses import dataclass
+import sys
+import uuid
+from pathlib import Path
+from dataclasses import dataclass, field
 
 from .ops import OPS, Node
 
@@ -23,6 +31,8 @@ class FusedGroup:
     inputs: list[Node]       # values read from outside the group (vertex tensors or parameters)
     outputs: list[Node]      # members read outside the group: materialized
     width: int
+    passes: dict = field(default_factory=dict)   # member -> index of the input it passes through
+                                                  # (an add whose other input is zero here)
 
 
 def _find(parent, x):
@@ -52,6 +62,26 @@ def find_groups(nodes: list[Node], consumers: dict[Node, list[Node]]) -> list[Fu
     return out
 
 
+# Numba's compile time grows much faster than a kernel's length: a child-sum Tree-LSTM over 22
+# child slots fused into 90-op kernels took 15 s per kernel. Larger groups are cut into runs of
+# this many members in topological order (each run stays convex: a path from a run to a later
+# run cannot come back). The paper's four cells have groups of 4-17 members.
+MAX_MEMBERS = 24
+
+
+def bounded(groups: list[FusedGroup], consumers, limit: int = MAX_MEMBERS) -> list[FusedGroup]:
+    out = []
+    for g in groups:
+        if len(g.nodes) <= limit:
+            out.append(g)
+            continue
+        for k in range(0, len(g.nodes), limit):
+            part = g.nodes[k:k + limit]
+            if len(part) > 1:
+                out.append(describe(part, consumers))
+    return out
+
+
 def _convex_parts(members: list[Node], consumers) -> list[list[Node]]:
     """The group itself, or its members one by one when a path leaves it and re-enters (then it
     could not run as one step; none of the paper's four cells has such a group)."""
@@ -68,16 +98,18 @@ def _convex_parts(members: list[Node], consumers) -> list[list[Node]]:
     return [members]
 
 
-def describe(members: list[Node], consumers) -> FusedGroup:
-    """The group of `members` (topologically ordered): what it reads and what it must write."""
+def describe(members: list[Node], consumers, passes: dict | None = None) -> FusedGroup:
+    """The group of `members` (topologically ordered): what it reads and what it must write.
+    `passes` {member: k}: that member is its input k (support.PASS), reading nothing else."""
+    passes = passes or {}
     inside = set(members)
     inputs: list[Node] = []
     for m in members:
-        for i in m.inputs:
+        for i in ([m.inputs[passes[m]]] if m in passes else m.inputs):
             if i not in inside and i not in inputs:
                 inputs.append(i)
     outputs = [m for m in members if any(c not in inside for c in consumers.get(m, []))]
-    return FusedGroup(members, inputs, outputs, members[0].shape[0])
+    return FusedGroup(members, inputs, outputs, members[0].shape[0], passes)
 
 
 def contracted_order(nodes: list[Node], groups: list[FusedGroup]) -> list:
@@ -105,8 +137,9 @@ def expression_lines(group: FusedGroup, ref) -> list[str]:
     local = {m: f"v{m.id}" for m in group.nodes}
     lines = []
     for m in group.nodes:
-        args = [local.get(i) or ref(group.inputs.index(i), i) for i in m.inputs]
-        lines.append(f"v{m.id} = {OPS[m.op].expr.format(*args)}")
+        args = [local.get(i) or ref(group.inputs.index(i), i)
+                for i in ([m.inputs[group.passes[m]]] if m in group.passes else m.inputs)]
+        lines.append(f"v{m.id} = {args[0] if m in group.passes else OPS[m.op].expr.format(*args)}")
     return lines
 
 
@@ -158,21 +191,145 @@ def numba_source(group: FusedGroup) -> str:
             f"        for j in range({w}):\n{inner}\n")
 
 
-@functools.lru_cache(maxsize=None)
-def compile_numba(source: str, dtype: str):
-    import math
+# ---------------------------------------------------------------- CPU: the kernel cache
 
+# Compiling a fused kernel takes Numba 0.1-0.5 s, and a Tree-LSTM engine has about ten of them:
+# seconds that every new process (each sweep cell is one) would pay in its first step. Each
+# generated kernel is therefore written as a Python module into a cache directory, under a name
+# hashed from its source, the library versions and the CPU, and jitted with `cache=True`, so
+# Numba keeps its machine code next to it (`__pycache__/*.nbi`, `*.nbc`) and a later process
+# loads it instead of compiling. Numba keys that index by the module file's modification time
+# and size, so a module file is written once and never replaced: a temporary file, then
+# `os.link` to the final name (atomic, and it fails if another process got there first). Numba
+# itself writes its index and data through a temporary file and `os.replace`. Two processes
+# compiling the same kernel at once therefore both compile and both succeed; the last one's
+# index stays.
+CACHE_ENV = "CAVS_KERNEL_CACHE"       # a directory; "off" compiles in memory only
+_LOADED: list = []                    # every Numba dispatcher handed out (compile_stats reads them)
+
+
+def kernel_cache_dir() -> Path | None:
+    """Where compiled kernels persist: $CAVS_KERNEL_CACHE, else ~/.cache/cavs-kernels; None when
+    the variable is "off" or the directory cannot be written (then kernels compile in memory)."""
+    where = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "cavs-kernels")
+    if where.lower() in ("off", "0", "none"):
+        return None
+    path = Path(where)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path if os.access(path, os.W_OK) else None
+
+
+@functools.lru_cache(maxsize=None)
+def fingerprint() -> str:
+    """What compiled machine code depends on besides its source: library versions and the CPU."""
+    import llvmlite
     import numba
     import numpy as np
-    fast = dtype == "float32"
-    namespace = {"F": getattr(np, dtype), "tanh": math.tanh}
-    if fast:
-        exec(_RATIONAL_TANH, namespace)
-        namespace["tanh"] = numba.njit(inline="always", fastmath=True, error_model="numpy")(namespace["tanh"])
-    exec(compile(source, "<cavs-fused>", "exec"), namespace)
+    from llvmlite import binding as ll
+    return "|".join([sys.version.split()[0], platform.machine(), numba.__version__, llvmlite.__version__,
+                     np.__version__, ll.get_host_cpu_name(), ll.get_host_cpu_features().flatten()])
+
+
+def module_text(source: str, dtype: str, fast: bool | None = None) -> str:
+    """A kernel as a self-contained module: the dtype, its helpers, `kernel` jitted."""
+    fast = dtype == "float32" if fast is None else fast
+    header = ["import math", "import numba", "import numpy as np", f"F = np.{dtype}"]
+    if dtype == "float32":
+        header += ['@numba.njit(inline="always", fastmath=True, error_model="numpy")',
+                   _RATIONAL_TANH.strip()]
+    else:
+        header += ["tanh = math.tanh"]
     # error_model="numpy": no division-by-zero branch (the rational tanh divides), which would
     # keep LLVM from vectorizing the loop
-    return numba.njit(nogil=True, fastmath=fast, error_model="numpy")(namespace["kernel"])
+    jit = f'@numba.njit(nogil=True, fastmath={fast}, error_model="numpy", cache=True)'
+    return "\n".join(header) + "\n\n\n" + jit + "\n" + source.strip() + "\n"
+
+
+def _write_once(path: Path, text: str) -> None:
+    if path.exists():
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(text)
+        try:
+            os.link(tmp, path)          # atomic; never replaces (Numba's index keys on the file's mtime)
+        except FileExistsError:
+            pass
+        except OSError:                 # a file system without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@functools.lru_cache(maxsize=None)
+def compile_numba(source: str, dtype: str, fast: bool | None = None):
+    """The Numba dispatcher of `source` (a `def kernel(...)`); loaded from the kernel cache when
+    a process compiled it before, else compiled at its first call (and then cached)."""
+    text = module_text(source, dtype, fast)
+    where = kernel_cache_dir()
+    if where is None:
+        namespace: dict = {}
+        exec(compile(text.replace(", cache=True)", ")"), "<cavs-fused>", "exec"), namespace)
+        kernel = namespace["kernel"]
+    else:
+        key = hashlib.sha256((fingerprint() + "\n" + text).encode()).hexdigest()[:32]
+        path = where / f"k_{key}.py"
+        _write_once(path, text)
+        name = f"cavs_kernel_{key}"
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module    # Numba's cached code looks its module up by name
+            spec.loader.exec_module(module)
+        kernel = module.kernel
+    _LOADED.append(kernel)
+    return kernel
+
+
+def numba_signature(group: FusedGroup, dtype: str) -> tuple:
+    """The argument types the engine calls a group's kernel with (numba_source's arguments)."""
+    from numba import types
+    f = getattr(types, dtype)
+    rows = [types.Array(f, 2, "C"), types.int64]           # a C-contiguous buffer and a column
+    args = [types.int64, types.int64]
+    for node in group.inputs:
+        args += [types.Array(f, len(node.shape), "C")] if node.is_param else rows
+    return tuple(args + rows * len(group.outputs))
+
+
+def warm_up(groups=(), dtype: str = "float32") -> None:
+    """Numba's one-time start-up in a process, and `groups`' kernels loaded (or compiled) now.
+
+    Importing Numba (~0.5-0.8 s) and filling its typing and target registries (~0.5-1 s) is
+    paid once per process, by loading a cached kernel as much as by compiling one; loading a
+    cached kernel then costs ~30 ms. Called at engine construction with F's and dF's fused
+    groups, it keeps all of that out of the first step. (Groups made smaller at the leaves are
+    batch-dependent: they load at their first use.)"""
+    _numba_start_up()
+    for g in groups:
+        kernel = compile_numba(numba_source(g), dtype)
+        kernel.compile(numba_signature(g, dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _numba_start_up() -> None:
+    import numba  # noqa: F401
+    from numba.core.registry import cpu_target
+    cpu_target.typing_context.refresh()
+    cpu_target.target_context.refresh()
+    fingerprint()
+
+
+def compile_stats() -> dict:
+    """Over every kernel this process asked for: {"compiled": signatures compiled here,
+    "loaded": signatures loaded from the kernel cache}."""
+    return {"compiled": sum(sum(k.stats.cache_misses.values()) for k in _LOADED),
+            "loaded": sum(sum(k.stats.cache_hits.values()) for k in _LOADED)}
 
 
 # ---------------------------------------------------------------- GPU: CuPy

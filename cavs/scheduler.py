@@ -2,11 +2,28 @@
 
 A schedule numbers every vertex of the batch with a row: rows are in task order, so task t
 is the contiguous row range [bounds[t], bounds[t+1]) and every dynamic tensor of F is one
-contiguous array over all rows. Backward replays the tasks in reverse.
+contiguous array over all rows. Backward replays the tasks in reverse. A task never holds a
+vertex and one of its children: every child's row is in an earlier task.
 
-  batched  every frontier of ready vertices across the whole batch is one task (a vertex is
-           ready when all its children are done: its level = longest path from a leaf)
+  batched  as soon as possible: every frontier of ready vertices across the whole batch is one
+           task (a vertex is ready when all its children are done: its level = the longest
+           path from a leaf)
+  alap     as late as possible: by depth from the root, all roots in the last task (a vertex's
+           level = the lowest of its parents' levels - 1, so every child still runs before
+           each of its parents)
+  merged   as soon as possible, then each task smaller than MERGE_MIN_ROWS, from the last to
+           the first, takes vertices from the largest earlier tasks where the dependencies
+           allow (every parent of a moved vertex runs after its new task); vertices without
+           children stay in the first task
   serial   one vertex per task, sample by sample (the paper's serial baseline)
+
+Whole tasks of a level schedule can never merge: every vertex of task t+1 has a child in task
+t (batched), or every vertex of task t a parent in task t+1 (alap), so both policies already
+have the fewest tasks possible, the longest path in the batch. What a policy can change is how
+the rows spread over those tasks. A small task costs nearly as much as a large one (its
+matmuls stream the whole weight matrix through the cache), so `merged` moves rows from large
+tasks into small ones; on inputs where every vertex has one legal level (complete trees of one
+height, as Tree-FC's) all three give the same tasks.
 """
 from __future__ import annotations
 
@@ -16,7 +33,10 @@ import numpy as np
 
 from .graphs import Forest
 
-POLICIES = ("batched", "serial")
+POLICIES = ("batched", "alap", "merged", "serial")
+# `merged`: tasks below this many rows are filled from larger ones. At h = 512 a task's state
+# matmul streams the 10 MB weight: about as long as computing ~25-30 rows at the large-product rate
+MERGE_MIN_ROWS = 32
 
 
 @dataclass
@@ -39,19 +59,90 @@ class Schedule:
         b = self.bounds.tolist()
         return list(zip(b[:-1], b[1:]))
 
+    def task_of_rows(self) -> np.ndarray:
+        """(N,) the task of each row."""
+        return np.repeat(np.arange(self.num_tasks), np.diff(self.bounds))
+
+    def respects_dependencies(self) -> bool:
+        """Every child's row lies in a task before its parent's task."""
+        task = self.task_of_rows()
+        rows, k = np.nonzero(self.child_rows >= 0)
+        return bool((task[self.child_rows[rows, k]] < task[rows]).all())
+
+
+def _edges(children: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(child, parent) vertex ids of every edge."""
+    parent, k = np.nonzero(children >= 0)
+    return children[parent, k], parent
+
+
+def alap_levels(forest: Forest) -> np.ndarray:
+    """As late as possible: roots at the last level; every other vertex one level below the
+    lowest of its parents (its longest path to a root, counted from the last level)."""
+    level = forest.level
+    n = forest.num_vertices
+    last = int(level.max()) if n else 0
+    late = np.full(n, last, dtype=np.int64)
+    order = np.argsort(level, kind="stable")
+    starts = np.searchsorted(level[order], np.arange(last + 2))
+    children = forest.children
+    for lv in range(last, 0, -1):            # a vertex's parents all sit on higher ASAP levels
+        vs = order[starts[lv]:starts[lv + 1]]
+        kids = children[vs]
+        has = kids >= 0
+        np.minimum.at(late, kids[has], np.broadcast_to(late[vs][:, None] - 1, kids.shape)[has])
+    return late
+
+
+def merged_levels(forest: Forest, min_rows: int = MERGE_MIN_ROWS) -> np.ndarray:
+    """ASAP levels, then from the last level down, each level with fewer than `min_rows`
+    vertices takes vertices that may move there: from an earlier level, with children, and
+    with every parent above it. It takes them from the largest levels first, never leaving a
+    level with fewer vertices than it has itself. Moves only raise levels, so a vertex moved
+    earlier in the walk keeps its parents above it."""
+    level = forest.level.astype(np.int64).copy()
+    n = forest.num_vertices
+    if n == 0:
+        return level
+    last = int(level.max())
+    child, parent = _edges(forest.children)
+    movable = (forest.children >= 0).any(axis=1)
+    count = np.bincount(level, minlength=last + 1)
+    for t in range(last, 0, -1):
+        if count[t] >= min_rows:
+            continue
+        lowest_parent = np.full(n, last + 1, dtype=np.int64)
+        np.minimum.at(lowest_parent, child, level[parent])
+        cand = np.flatnonzero(movable & (level < t) & (lowest_parent > t))
+        if len(cand) == 0:
+            continue
+        # largest source levels first; within a level, the vertex order (stable)
+        cand = cand[np.argsort(-count[level[cand]], kind="stable")]
+        for v in cand.tolist():
+            s = level[v]
+            if count[t] >= min_rows:
+                break
+            if count[s] - 1 < count[t] + 1:      # would leave its level no larger than this one
+                continue
+            level[v] = t
+            count[s] -= 1
+            count[t] += 1
+    return level
+
 
 def schedule(forest: Forest, policy: str = "batched") -> Schedule:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
-    level = forest.level                     # computed (and checked acyclic) by make_forest
     n = forest.num_vertices
-    if policy == "batched":
+    if policy == "serial":
+        order = np.lexsort((forest.level, forest.sample))   # by sample, then children before parents
+        bounds = np.arange(n + 1)
+    else:
+        level = {"batched": forest.level, "alap": alap_levels, "merged": merged_levels}[policy]
+        level = level if isinstance(level, np.ndarray) else level(forest)   # computed (and checked acyclic) by make_forest
         order = np.argsort(level, kind="stable")
         sorted_level = level[order]
         bounds = np.concatenate([[0], np.flatnonzero(np.diff(sorted_level)) + 1, [n]])
-    else:
-        order = np.lexsort((level, forest.sample))   # by sample, then children before parents
-        bounds = np.arange(n + 1)
     row_of = np.empty(n, dtype=np.int64)
     row_of[order] = np.arange(n)
     kids = forest.children[order]

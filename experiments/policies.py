@@ -1,0 +1,112 @@
+"""Batching policies compared (scheduler.POLICIES): their tasks and their training time.
+
+    python -m experiments.policies [--rounds 3] [--repeats 2] [--policies batched,alap,merged]
+                                   [--out results/policies.csv]
+
+Workloads as in experiments.bench: Tree-LSTM h = 512 on the first 512 SST training trees (file
+order), and Tree-FC h = 512 (256 leaves) on its first 256 trees; bs = 64, float32, one thread.
+Per policy: tasks per batch, mean and median rows per task, the median rows per task that
+gathers children (the rows of the loop's state matmul), the share of those tasks under
+scheduler.MERGE_MIN_ROWS rows, and the time of one pass over the samples (prepare + step,
+scheduling included), measured as experiments.bench measures Cavs: each in its own process
+(experiments.cell: a warm-up batch, the fastest of `repeats` passes), `rounds` rounds
+interleaved over the policies, the fastest round kept. Prints the table and which policy is
+fastest on each workload (and where every policy made the very same tasks, so that only noise
+separates them: Tree-FC's complete trees of one height); writes --out.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .bench import run_cell
+
+WORKLOADS = {"tree_lstm": (512, 512), "tree_fc": (512, 256)}      # workload: (hidden, samples)
+BATCH = 64
+
+
+def task_stats(workload: str, hidden: int, count: int, policy: str) -> dict:
+    """Tasks of `policy` over the batches the timed cell runs (file order, bs = 64)."""
+    import cavs
+    from cavs.scheduler import MERGE_MIN_ROWS
+    model = cavs.models.build(workload, hidden=hidden)
+    samples = cavs.datasets.load_samples(workload, "train", limit=count)
+    sizes, loop_rows, batches, same = [], [], 0, True
+    for i in range(0, len(samples) - BATCH + 1, BATCH):
+        batch = model.make_batch(samples[i:i + BATCH])
+        sched, base = batch.schedule(policy), batch.schedule("batched")
+        assert sched.respects_dependencies()
+        same &= np.array_equal(sched.order, base.order) and np.array_equal(sched.bounds, base.bounds)
+        with_children = (sched.child_rows >= 0).any(axis=1)
+        sizes += np.diff(sched.bounds).tolist()
+        loop_rows += [r for r in (int(with_children[a:b].sum()) for a, b in sched.tasks()) if r]
+        batches += 1
+    return {"tasks_per_batch": len(sizes) / batches, "rows_per_task_mean": float(np.mean(sizes)),
+            "rows_per_task_median": float(np.median(sizes)),
+            "loop_rows_per_task_median": float(np.median(loop_rows)),
+            "loop_tasks_under_min_rows": float(np.mean(np.array(loop_rows) < MERGE_MIN_ROWS)),
+            "same_tasks_as_batched": bool(same)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policies", default="batched,alap,merged")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--out", default="results/policies.csv")
+    ap.add_argument("--hidden", type=int, help="override every workload's hidden size (a smoke run)")
+    ap.add_argument("--samples", type=int, help="override every workload's sample count (a smoke run)")
+    args = ap.parse_args(argv)
+    import pandas as pd
+    policies = args.policies.split(",")
+    rows = []
+    for workload in args.workloads.split(","):
+        hidden, count = WORKLOADS[workload]
+        hidden, count = args.hidden or hidden, args.samples or count
+        stats = {p: task_stats(workload, hidden, count, p) for p in policies}
+        best: dict[str, dict] = {}
+        for _ in range(args.rounds):
+            for p in policies:
+                t0 = time.perf_counter()
+                r = run_cell("cavs", workload, hidden, count, {"policy": p}, args.repeats)
+                print(f"  {workload} h={hidden} {p}: {r.get('total_s', float('nan')):.3f} s ({r['status']}, "
+                      f"{time.perf_counter() - t0:.0f} s wall)", flush=True)
+                if p not in best or r.get("total_s", float("inf")) < best[p].get("total_s", float("inf")):
+                    best[p] = r
+        for p in policies:
+            r = best[p]
+            rows.append({"workload": workload, "hidden": hidden, "samples": count, "batch_size": BATCH,
+                         "policy": p, **stats[p], "time_s": r.get("total_s"), "construct_s": r.get("construct_s"),
+                         "compute_s": r.get("compute_s"), "status": r["status"]})
+    df = pd.DataFrame(rows)
+    for workload, g in df.groupby("workload", sort=False):
+        base = g.loc[g.policy == "batched", "time_s"]
+        if len(base):
+            df.loc[g.index, "time_over_batched"] = g.time_s / base.iloc[0]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out, index=False)
+    cols = ["workload", "policy", "tasks_per_batch", "rows_per_task_mean", "rows_per_task_median",
+            "loop_rows_per_task_median", "loop_tasks_under_min_rows", "same_tasks_as_batched", "time_s", "construct_s", "time_over_batched"]
+    print(df[[c for c in cols if c in df]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    ok = df[df.status == "ok"]
+    fastest = {w: g.loc[g.time_s.idxmin(), "policy"] for w, g in ok.groupby("workload", sort=False)}
+    print("fastest:", ", ".join(f"{w}: {p}" for w, p in fastest.items()))
+    for w, g in ok.groupby("workload", sort=False):
+        if g.same_tasks_as_batched.all():
+            print(f"  ({w}: every policy made the same tasks, so its time differences are noise)")
+    winner = set(fastest.values())
+    if len(winner) == 1 and len(fastest) == len(args.workloads.split(",")):
+        print(f"{winner.pop()} is fastest on every workload measured")
+    else:
+        print("no policy is fastest on every workload: the default stays 'batched'")
+    return 0 if (df.status == "ok").all() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Start-up cost of a new process: the first training step against a steady-state one.
+
+    python -m experiments.startup [--hidden 512] [--repeats 3] [--out results/startup.csv] [--profile]
+
+Tree-LSTM, SST's first training trees in file order, bs = 64, float32, one thread (as
+experiments.bench). Each measurement is a fresh process (`--child`), which times: `import cavs`,
+building the model and the batches, constructing the engine, the first `step` (batch 0), and
+then steps over batches 0-3 twice; the steady-state step is the median of the second round.
+
+Cases, in this order, each in its own process:
+  cold          an empty kernel cache: every generated kernel is compiled in the first step
+  warm          the cache the cold run filled: kernels are loaded, not compiled
+  warm+warm_up  as warm, and the engine's kernels loaded at construction (fusion.warm_up with
+                F's and dF's fused groups, loss.warm_up): Numba's one-time start-up and the
+                kernel loads move from the first step to the construction
+The warm cases repeat `--repeats` times, interleaved. `--profile` prints, per case, the first
+step's most expensive calls (cProfile, cumulative). Prints one table; writes --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+START = time.perf_counter()
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "NUMBA_NUM_THREADS": "1"}
+MARK = "STARTUP_RESULT "
+
+
+def engine_groups(engine) -> list:
+    from cavs import fusion
+    phases = [getattr(engine, "forward_phases", {}), getattr(engine, "backward_phases", {})]
+    return [it for ph in phases for items in ph.values() for it in items if isinstance(it, fusion.FusedGroup)]
+
+
+def child(spec: dict) -> dict:
+    t0 = time.perf_counter()
+    import cavs
+    from cavs import fusion, loss
+    t_import = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    model = cavs.models.build("tree_lstm", hidden=spec["hidden"])
+    samples = cavs.datasets.load_samples("tree_lstm", "train", limit=4 * 64)
+    batches = [model.make_batch(samples[i:i + 64]) for i in range(0, len(samples), 64)]
+    t_data = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    engine = cavs.Engine(model, threads=1)
+    if spec["warm_up"]:
+        fusion.warm_up(engine_groups(engine), engine.dtype.name)
+        loss.warm_up(engine.dtype.name)
+    t_construct = time.perf_counter() - t0
+
+    profile = None
+    if spec["profile"]:
+        import cProfile
+        profile = cProfile.Profile()
+        profile.enable()
+    t0 = time.perf_counter()
+    engine.step(batches[0])
+    t_first = time.perf_counter() - t0
+    if profile is not None:
+        profile.disable()
+    compiled = fusion.compile_stats()
+
+    steps = []
+    for _ in range(2):
+        for b in batches:
+            t0 = time.perf_counter()
+            engine.step(b)
+            steps.append(time.perf_counter() - t0)
+    steady = statistics.median(steps[len(batches):])
+    out = {"import_s": t_import, "data_s": t_data, "construct_s": t_construct, "first_step_s": t_first,
+           "steady_step_s": steady, "first_over_steady": t_first / steady,
+           "process_to_first_step_end_s": time.perf_counter() - START - sum(steps),
+           "kernels_compiled": compiled["compiled"], "kernels_loaded": compiled["loaded"]}
+    if profile is not None:
+        import io
+        import pstats
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
+        out["profile"] = text.getvalue()
+    return out
+
+
+def run_child(spec: dict, cache: str) -> dict:
+    env = {**os.environ, **THREAD_ENV, "CAVS_KERNEL_CACHE": cache}
+    proc = subprocess.run([sys.executable, "-m", "experiments.startup", "--child", json.dumps(spec)],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    raise RuntimeError(f"child failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3, help="processes per warm case")
+    ap.add_argument("--out", default="results/startup.csv")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(MARK + json.dumps(child(json.loads(args.child))), flush=True)
+        return 0
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="cavs-kernels-") as cache:
+        cases = [("cold", False)] + [("warm", False), ("warm+warm_up", True)] * args.repeats
+        for case, warm_up in cases:
+            r = run_child({"hidden": args.hidden, "warm_up": warm_up, "profile": args.profile}, cache)
+            profile = r.pop("profile", None)
+            rows.append({"case": case, "hidden": args.hidden, **r})
+            print(f"{case:13s} import {r['import_s']:.2f} s, construct {r['construct_s']:.2f} s, first step "
+                  f"{r['first_step_s']:.3f} s, steady {r['steady_step_s']:.3f} s: {r['first_over_steady']:.1f}x "
+                  f"(compiled {r['kernels_compiled']}, loaded {r['kernels_loaded']})", flush=True)
+            if profile:
+                print(profile)
+    import pandas as pd
+    df = pd.DataFrame(rows)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out, index=False)
+    summary = df.groupby("case", sort=False)[["import_s", "construct_s", "first_step_s", "steady_step_s",
+                                              "first_over_steady", "kernels_compiled"]].median()
+    print("\nmedian per case (Tree-LSTM h = %d, bs = 64, one thread):" % args.hidden)
+    print(summary.to_string(float_format=lambda v: f"{v:.3f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

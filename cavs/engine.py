@@ -32,10 +32,16 @@ from .model import EMBEDDING
 from .memory import Counters, DynamicTensor, LossPlan, MessagePlans, PullPlan
 from .ops import OPS, Node
 from .scheduler import POLICIES
-from .support import COMPUTE, SKIP, ZERO, actions, ranges
+from .support import COMPUTE, PASS, SKIP, ZERO, actions, ranges
 
 PHASES = ("eager", "loop", "lazy")
 STREAM_CHUNKS = 4      # streaming: eager work is cut into this many pieces along the task order
+# A fused group that computes only in part on some tasks (a leaf has no children, an n-ary vertex
+# uses 3 of 32 child slots) gets a smaller kernel for that combination of members: one Numba
+# compile (0.3-6 s) per combination. With many child slots the combinations multiply, so only a
+# combination that covers at least this share of a batch's rows gets its own kernel; the rarer
+# ones run member by member. (Binary Tree-LSTM: the leaves' combination is ~half the rows.)
+VARIANT_MIN_SHARE = 0.1
 # ops that need no work at run time: their dynamic tensor is a view of another buffer
 _VIEWS = {"param", "slice", "pull", "scatter", "push", "gather_grad_state", "pull_grad_output",
           "push_grad_input"}
@@ -252,7 +258,8 @@ class Engine:
         for p in PHASES:
             ops = [n for n in nodes if n in phase_of and where[phase_of[n]] == p]
             fusable = [n for n in ops if n not in self._affine and n not in self._sum_of]
-            groups = fusion.find_groups(fusable, self._consumers) if self.options["fusion"] else []
+            groups = fusion.bounded(fusion.find_groups(fusable, self._consumers), self._consumers) \
+                if self.options["fusion"] else []
             items[p] = fusion.contracted_order(ops, groups)
         return items
 
@@ -358,6 +365,15 @@ class Engine:
         if n not in computing:
             return []
         return [self._fn(n, "accumulate" if computing[0] is not n else "write")]
+
+    def _pass_fn(self, n: Node, source: Node):
+        """An add whose other input is known zero on these rows: a copy of this one."""
+        A, o, s, kernels = self._arrays, self._slot[n], self._slot[source], self.counters.kernels
+
+        def copy(a, b, t):
+            A[o][a:b] = A[s][a:b]
+            kernels["copy"] += 1
+        return copy
 
     def _zero_fn(self, n: Node):
         A, o, kernels = self._arrays, self._slot[n], self.counters.kernels
@@ -480,25 +496,30 @@ class Engine:
                 self._fns[key] = self._affine_fn(item, action)
             elif isinstance(item, fusion.FusedGroup):
                 self._fns[key] = self._fused_fn(item)
+            elif action >= PASS:
+                self._fns[key] = self._pass_fn(item, item.inputs[action - PASS])
             else:
                 self._fns[key] = self._compute_fn(item) if action == COMPUTE else self._zero_fn(item)
         return self._fns[key]
 
-    def _item_fns(self, item, action_of) -> list:
+    def _item_fns(self, item, action_of, variants: bool = True) -> list:
         """Closures for one item given each member's action: a fused group runs as one kernel
-        where all its members compute, and member by member elsewhere."""
+        where all its members compute; where some do, as one smaller kernel of those (compiled
+        once per such combination, if `variants`) or member by member."""
         if isinstance(item, fusion.FusedGroup):
-            computing = tuple(m for m in item.nodes if action_of(m) == COMPUTE)
-            if len(computing) == len(item.nodes):
+            acts = tuple(action_of(m) for m in item.nodes)
+            if all(a == COMPUTE for a in acts):
                 return [self._fn(item, COMPUTE)]
             # e.g. at the leaves, where the forget gates are skipped: zero-fill what must read as
-            # zero, then one kernel for the members that compute (it reads the zero-filled ones)
-            zeros = [self._fn(m, ZERO) for m in item.nodes if action_of(m) == ZERO]
-            if len(computing) < 2:
-                return zeros + [self._fn(m, COMPUTE) for m in computing]
-            key = (item, computing)
+            # zero, then one kernel for the members that compute or pass an input through
+            zeros = [self._fn(m, ZERO) for m, a in zip(item.nodes, acts) if a == ZERO]
+            running = [(m, a) for m, a in zip(item.nodes, acts) if a == COMPUTE or a >= PASS]
+            if sum(a == COMPUTE for _, a in running) < 2 or not variants:
+                return zeros + [self._fn(m, a) for m, a in running]
+            key = (item, tuple(running))
             if key not in self._subgroups:
-                self._subgroups[key] = fusion.describe(list(computing), self._consumers)
+                passes = {m: a - PASS for m, a in running if a >= PASS}
+                self._subgroups[key] = fusion.describe([m for m, _ in running], self._consumers, passes)
             return zeros + [self._fn(self._subgroups[key], COMPUTE)]
         if item in self._affine or item in self._sum_of:
             return self._affine_fns(item, action_of)
@@ -516,16 +537,18 @@ class Engine:
                     plan[phase] += self._per_task_ranges(item)
                     continue
                 members = item.nodes if isinstance(item, fusion.FusedGroup) else [item]
-                if isinstance(item, fusion.FusedGroup) and all((act[m] == act[members[0]]).all() for m in members):
-                    masks = {COMPUTE: [item], ZERO: item.outputs}     # one kernel where they compute
-                else:
-                    masks = {COMPUTE: members, ZERO: members}
-                for action, targets in masks.items():
-                    for target in targets:
-                        mask = act[members[0] if target is item else target] == action
-                        if action == COMPUTE and target in self._elided:
+                if isinstance(item, fusion.FusedGroup) and all((act[m] == act[members[0]]).all() for m in members) \
+                        and not (act[members[0]] >= PASS).any():
+                    first = act[members[0]]         # one kernel where they compute
+                    plan[phase] += [(self._fn(item, COMPUTE), a, b) for a, b in ranges(first == COMPUTE, bounds)]
+                    plan[phase] += [(self._fn(o, ZERO), a, b) for o in item.outputs for a, b in ranges(first == ZERO, bounds)]
+                    continue
+                for m in members:                   # member by member, in topological order
+                    for action in np.unique(act[m]):
+                        if action == SKIP or (action == COMPUTE and m in self._elided):
                             continue
-                        plan[phase] += [(self._fn(target, action), a, b) for a, b in ranges(mask, bounds)]
+                        mask = act[m] == action
+                        plan[phase] += [(self._fn(m, int(action)), a, b) for a, b in ranges(mask, bounds)]
         loop = phase_items["loop"]
         loop_nodes = [m for it in loop for m in (it.nodes if isinstance(it, fusion.FusedGroup) else [it])]
         loop_nodes += [t for a in self._affine.values() for t in a.terms if t not in loop_nodes]
@@ -533,10 +556,17 @@ class Engine:
         signatures = np.stack([act[n] for n in loop_nodes], axis=1) if loop_nodes \
             else np.zeros((self._sched.num_tasks, 0), dtype=np.int8)
         per_task = []
-        for sig in map(tuple, signatures.tolist()):
-            key = (id(loop), sig)        # forward and backward loops have separate signatures
+        sigs = list(map(tuple, signatures.tolist()))
+        rows_of = {}
+        for sig, n in zip(sigs, np.diff(bounds).tolist()):
+            rows_of[sig] = rows_of.get(sig, 0) + n
+        for sig in sigs:
+            # partial fused kernels only for signatures that carry a real share of the rows
+            variants = rows_of[sig] >= VARIANT_MIN_SHARE * self._sched.num_rows
+            key = (id(loop), sig, variants)    # forward and backward loops have separate signatures
             if key not in self._task_fns:
-                self._task_fns[key] = [f for it in loop for f in self._item_fns(it, lambda m: sig[column[m]])]
+                self._task_fns[key] = [f for it in loop
+                                       for f in self._item_fns(it, lambda m: sig[column[m]], variants)]
             per_task.append(self._task_fns[key])
         plan["loop"] = per_task
         return plan

@@ -10,7 +10,11 @@ workload does not need. Per batch, over tasks:
   demand(n)   tasks where some consumer reads n (walking F and dF backwards from the sinks)
 
 and each op is computed on demand & support, filled with zeros on demand & ~support, and
-skipped elsewhere. The arithmetic is unchanged wherever a value is read: exact, not approximate.
+skipped elsewhere. An add of two vertex values of which only one may be non-zero on a task
+*passes* that one through (PASS + its input index): the other is then not read, so it is
+neither computed nor zero-filled there. That is what makes variable arity cheap: with
+`sum(gather_all())` over 32 child slots, a task whose vertices have at most 3 children pays for
+3 slots, not 32. The arithmetic is unchanged wherever a value is read: exact, not approximate.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import numpy as np
 
 from .ops import OPS
 
-SKIP, ZERO, COMPUTE = 0, 1, 2
+SKIP, ZERO, COMPUTE, PASS = 0, 1, 2, 3     # PASS + k: the output is input k (the other is zero)
 
 
 def _any_per_task(rows_mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -81,6 +85,16 @@ def actions(F, dF, sched, predict: bool = False) -> dict:
             act[n] = np.where(reads, COMPUTE, SKIP).astype(np.int8)
         elif n.op == "slice":
             reads = demand[n]                    # a view: its readers read its input
+        elif n.op == "add" and not any(i.is_param for i in n.inputs) and n.inputs[0] is not n.inputs[1]:
+            s0, s1 = (support[i] for i in n.inputs)
+            compute = demand[n] & s0 & s1
+            passes = [demand[n] & s0 & ~s1, demand[n] & s1 & ~s0]
+            a = np.where(compute, COMPUTE, np.where(demand[n] & ~(s0 | s1), ZERO, SKIP))
+            a = np.where(passes[0], PASS, np.where(passes[1], PASS + 1, a))
+            act[n] = a.astype(np.int8)
+            for i, p in zip(n.inputs, passes):
+                demand[i] = demand[i] | compute | p
+            continue
         else:
             compute = demand[n] & support[n]
             act[n] = np.where(compute, COMPUTE, np.where(demand[n], ZERO, SKIP)).astype(np.int8)

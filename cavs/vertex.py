@@ -72,8 +72,8 @@ class Symbol:
             a, b = b, a
         return self._t.wrap(self._t.graph.add(op, (a, b)))
 
-    def __add__(self, o): return self._bin("add", o)
-    def __radd__(self, o): return self._bin("add", o, swap=True)
+    def __add__(self, o): return self if _is_zero(o) else self._bin("add", o)
+    def __radd__(self, o): return self if _is_zero(o) else self._bin("add", o, swap=True)   # sum(...)
     def __sub__(self, o): return self._bin("sub", o)
     def __mul__(self, o): return self._bin("mul", o)
     def __rmul__(self, o): return self._bin("mul", o, swap=True)
@@ -219,6 +219,11 @@ def trace(fn, arity: int, state_width: int, input_width: int | None,
 
 
 # free functions used inside vertex functions
+
+def _is_zero(value) -> bool:
+    """A literal 0 (Python's sum() starts from it): adding it records no op."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
 
 def _first_symbol(args) -> Symbol:
     for a in args:

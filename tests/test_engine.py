@@ -24,9 +24,13 @@ def torch_loss_and_grads(workload, samples, params, hidden=5):
     ref = PytorchSampleSystem(workload, hidden=hidden, batch_size=len(samples), dtype="float64", leaves=8)
     ref.set_params(params)
     ps = ref.params
-    loss = ref.loss(ref.prepare(samples))
+    batch = ref.prepare(samples)
+    rows = ps["emb"].index_select(0, batch.used_rows).requires_grad_()   # the rows the batch reads
+    loss = ref.loss(batch, rows)
     loss.backward()
-    return float(loss.detach()), {k: p.grad.numpy() for k, p in ps.items()}
+    grads = {k: p.grad.numpy() for k, p in ps.items() if k != "emb"}
+    grads["emb"] = torch.zeros_like(ps["emb"]).index_add_(0, batch.used_rows, rows.grad).numpy()
+    return float(loss.detach()), grads
 
 
 def assert_close(got, want, rel, what):

@@ -38,7 +38,11 @@ TREE = "(1 (2 a) (3 (2 b) (2 c)))"     # 3 tasks: the 3 leaves, the inner vertex
 # zero: [hl; hr] Uh, the forget gates, the child gradients. Concat elision: [h; c] and the gate
 # gradients are written in place by their parts, so only [hl; hr] (2 inner tasks) and the two
 # child-gradient concats (2 inner tasks each) copy.
-KERNELS_UNFUSED = {"pull": 1, "matmul": 3, "zero-fill": 6, "add": 18, "sigmoid": 10, "tanh": 6,
+# An add of which one input is known zero on a task passes the other through (support.PASS): a
+# copy, and the zero input is neither computed nor zero-filled. Unfused, that is x Wx + [hl; hr] Uh
+# on all 3 tasks (one side is zero on each) and i*u + fl*cl + fr*cr at the leaves (2 adds): 5
+# copies instead of 5 adds, and 4 zero-fills fewer (the zero sides).
+KERNELS_UNFUSED = {"pull": 1, "matmul": 3, "zero-fill": 2, "add": 13, "copy": 5, "sigmoid": 10, "tanh": 6,
                    "mul": 30, "concat": 6, "gather": 4, "loss": 1, "tanh_grad": 6,
                    "sigmoid_grad": 10, "matmul_t": 3, "scatter": 4, "bias_grad": 1, "param_grad": 2}
 # fused: the gate pre-activations x Wx + [hl; hr] Uh + b are written by their matmuls into one
@@ -46,8 +50,10 @@ KERNELS_UNFUSED = {"pull": 1, "matmul": 3, "zero-fill": 6, "add": 18, "sigmoid":
 # add kernel, and neither matmul's known-zero rows are filled (2 zero-fills fewer: the leaf
 # task's [hl; hr] Uh, the inner tasks' x Wx in one range). Then the cell's 12 elementwise ops
 # (one group) and dF's 16 (one group) per task; at the leaves, where some members are skipped,
-# the members that compute still run as one (smaller) kernel
-KERNELS_FUSED = {"pull": 1, "matmul": 3, "zero-fill": 4, "fused": 6, "concat": 6, "gather": 4, "loss": 1,
+# the members that compute still run as one (smaller) kernel, in which the adds of c = i*u +
+# fl*cl + fr*cr pass i*u through (support.PASS), so fl*cl and fr*cr are not zero-filled there
+# (2 zero-fills fewer than before the pass-through)
+KERNELS_FUSED = {"pull": 1, "matmul": 3, "zero-fill": 2, "fused": 6, "concat": 6, "gather": 4, "loss": 1,
                  "matmul_t": 3, "scatter": 4, "bias_grad": 1, "param_grad": 2}
 
 

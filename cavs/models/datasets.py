@@ -119,3 +119,37 @@ def shuffled(samples: list, seed: int = 0) -> list:
     """The data set shuffled once with a seed (WORKLOADS.md: batches are consecutive samples of it)."""
     order = np.random.default_rng(seed).permutation(len(samples))
     return [samples[i] for i in order]
+
+
+def sst_nary_trees(split: str = "train", limit: int | None = None, splice: float = 0.6, seed: int = 0):
+    """SST's binary trees merged into n-ary ones (`cavs.Graph`s with SST's words and labels), for
+    models of variable arity: each internal vertex but the root is spliced out with probability
+    `splice` (its children join its parent's, in order), drawn from `default_rng(seed)`. With
+    0.6 most vertices keep 2-3 children and long flat phrases reach 20-30."""
+    from ..graphs import Graph, parse_ptb_tree
+    rng = np.random.default_rng(seed)
+    vocab = sst_vocab()
+    out = []
+    for line in load_samples("tree_lstm", split, limit):
+        g, _ = parse_ptb_tree(line, vocab, line.origin)
+        kids = [[int(c) for c in row if c >= 0] for row in g.children]
+        internal = np.array([bool(k) for k in kids])
+        spliced = internal & (rng.random(g.num_vertices) < splice)
+        spliced[-1] = False                                   # the root (post-order: last) stays
+
+        def merged(v):
+            return [m for c in kids[v] for m in (merged(c) if spliced[c] else [c])]
+        order, new_kids = [], {}
+        stack = [(g.num_vertices - 1, False)]
+        while stack:                                          # post-order over kept vertices
+            v, done = stack.pop()
+            if done:
+                order.append(v)
+                continue
+            new_kids[v] = merged(v)
+            stack.append((v, True))
+            stack.extend((c, False) for c in reversed(new_kids[v]))
+        index = {v: i for i, v in enumerate(order)}
+        out.append(Graph.from_children([[index[c] for c in new_kids[v]] for v in order],
+                                       tokens=g.tokens[order], labels=g.labels[order], name=line.origin))
+    return out

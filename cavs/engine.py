@@ -1,18 +1,13 @@
-"""Runs F and dF over the tasks of a schedule; lazy batching and ahead-of-time eager batching.
+"""Runs F and dF over the tasks of a batch's schedule.
 
-Every op of F (and of dF) is placed in one of three phases, from the dataflow alone:
-
-  eager  does not depend on any gather (F) / on the state gradient (dF): e.g. the embedding
-         input's `x Wx`. With eager=True it runs once over all rows before the task loop.
-  loop   on the path gather -> scatter (F) / state gradient -> child gradient (dF): the
-         critical path, run task by task (forward in task order, backward in reverse).
-  lazy   off the critical path: e.g. push, the parameter-gradient matmuls and bias sums, the
-         gradient of eager ops. With lazy=True it runs once over all rows after the loop:
-         one large matmul per parameter gradient instead of one per task.
-
-With a switch off, its ops run per task inside the loop, as a plain frontier loop would.
-Because every dynamic tensor holds all rows in task order, an op over "all rows" and the same
-op over each task's rows compute the same numbers (only summation order of reductions differs).
+analysis.py decides once where each op runs (eager, loop, lazy), which concat parts live in their
+concat's columns and which sums of matmuls share one buffer. Per batch, support.py says what each
+op computes, zero-fills, passes through or skips on each task; the engine turns that into closures
+per task (cached by the task's signature) and runs them: the eager phase once over all rows, the
+task loop (forward in task order, backward in reverse), the lazy phase once over all rows. The loss
+sits outside F (loss.py), the update in the optimizer (optim.py). Because every dynamic tensor
+holds all rows in task order, an op over "all rows" and the same op over each task's rows compute
+the same numbers (only the summation order of reductions differs).
 """
 from __future__ import annotations
 
@@ -20,11 +15,11 @@ import functools
 import json
 import time
 from collections.abc import MutableMapping
-from dataclasses import dataclass
 
 import numpy as np
 
 from . import fusion, optim
+from .analysis import PHASES, affine_sums, concat_homes, phases
 from .backend import get_backend
 from .grad import GradientFunction
 from .loss import softmax, softmax_cross_entropy
@@ -34,7 +29,6 @@ from .ops import OPS, Node
 from .scheduler import POLICIES
 from .support import COMPUTE, PASS, SKIP, ZERO, actions, ranges
 
-PHASES = ("eager", "loop", "lazy")
 STREAM_CHUNKS = 4      # streaming: eager work is cut into this many pieces along the task order
 # A fused group that computes only in part on some tasks (a leaf has no children, an n-ary vertex
 # uses 3 of 32 child slots) gets a smaller kernel for that combination of members: one Numba
@@ -42,98 +36,6 @@ STREAM_CHUNKS = 4      # streaming: eager work is cut into this many pieces alon
 # combination that covers at least this share of a batch's rows gets its own kernel; the rarer
 # ones run member by member. (Binary Tree-LSTM: the leaves' combination is ~half the rows.)
 VARIANT_MIN_SHARE = 0.1
-# ops that need no work at run time: their dynamic tensor is a view of another buffer
-_VIEWS = {"param", "slice", "pull", "scatter", "push", "gather_grad_state", "pull_grad_output",
-          "push_grad_input"}
-
-
-def _closure(nodes, roots, forward: bool):
-    """Nodes reachable from `roots` along inputs (forward=False) or consumers (forward=True)."""
-    marked = set(roots)
-    seq = nodes if forward else reversed(nodes)
-    for n in seq:
-        if forward and any(i in marked for i in n.inputs):
-            marked.add(n)
-        if not forward and n in marked:
-            marked.update(n.inputs)
-    return marked
-
-
-def phases(nodes: list[Node], sources: set, sinks: set) -> dict[Node, str]:
-    """eager/loop/lazy for every op that does work: see the module docstring."""
-    downstream = _closure(nodes, sources, forward=True)   # depends on the loop-carried input
-    upstream = _closure(nodes, sinks, forward=False)      # feeds the loop-carried output
-    out = {}
-    for n in nodes:
-        if n.op in _VIEWS:
-            continue
-        if n.op in ("gather", "scatter_grad_child"):
-            out[n] = "loop"
-        elif n in upstream:
-            out[n] = "loop" if n in downstream else "eager"
-        else:
-            out[n] = "lazy"
-    return out
-
-
-def concat_homes(nodes: list[Node]) -> dict[Node, tuple[Node, int]]:
-    """Concat elision: {part: (concat, first column)} for each concat input that an op of F or
-    dF writes (not a view of another buffer, not a message): it is stored in its concat's
-    columns, so producing it fills the concat and the concat copies only its other parts
-    (nothing, for [h; c] and the gate gradients of the LSTM cells). A part goes to its first
-    concat only."""
-    home = {}
-    for n in nodes:
-        if n.op != "concat":
-            continue
-        col = 0
-        for p in n.inputs:
-            if OPS[p.op].kind == "compute" and p not in home:
-                home[p] = (n, col)
-            col += p.shape[0]
-    return home
-
-
-@dataclass(eq=False)
-class AffineSum:
-    """root = sum of `terms` (matmuls) [+ bias]: e.g. the LSTM gates x Wx + h Wh + b."""
-    root: Node
-    terms: list[Node]          # matmul nodes, in the order they run (Engine sorts them by phase)
-    bias: Node | None          # a 1-D parameter
-    inner: list[Node]          # the adds between the terms and the root
-
-
-def affine_sums(nodes: list[Node], consumers: dict) -> list[AffineSum]:
-    """GEMM epilogue fusion: each tree of adds whose leaves are matmuls (read by nothing else)
-    and at most one bias. The matmuls then write into the root's buffer: the first one to run
-    on a task adds the bias as it writes (beta = 0), later ones accumulate (beta = 1), so the
-    terms are never stored apart, zero-filled where they are known zero, or added elementwise."""
-    found, claimed = [], set()
-    order = {n: k for k, n in enumerate(nodes)}
-    for root in reversed(nodes):
-        if root.op != "add" or root in claimed:
-            continue
-        terms, bias, inner, ok = [], [], [], True
-        stack = [root]
-        while stack and ok:
-            n = stack.pop()
-            for i in n.inputs:
-                only_here = consumers.get(i) == [n]
-                if i.op == "matmul" and only_here:
-                    terms.append(i)
-                elif i.op == "add" and only_here:
-                    inner.append(i)
-                    stack.append(i)
-                elif i.is_param and len(i.shape) == 1 and not bias:
-                    bias.append(i)
-                else:
-                    ok = False
-        if ok and terms and len(terms) + len(bias) >= 2:
-            found.append(AffineSum(root, sorted(terms, key=order.get), bias[0] if bias else None, inner))
-            claimed.update(inner)
-    return found
-
-
 class ParamView(MutableMapping):
     """engine.params: {name: numpy array}; assigning an array sets the weights."""
 

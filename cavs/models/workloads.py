@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import datasets
+from ..model import initial_values
 from ..graphs import Graph, InputError, chain, complete_binary_tree, origin_of, parse_ptb_tree, parse_ptb_trees
 
 WORKLOADS = ("fixed_lstm", "var_lstm", "tree_fc", "tree_lstm")
@@ -64,19 +65,15 @@ def forget_gate_columns(workload: str, h: int) -> slice | None:
 
 def init_params(workload: str, hidden: int, seed: int = 0, dtype="float32", leaves: int = 256,
                 embed: int | None = None) -> dict[str, np.ndarray]:
-    """uniform(-0.1, 0.1) matrices and embeddings, zero biases, forget-gate bias 1.0."""
-    s = sizes(workload, hidden, leaves, embed)
-    rng = np.random.default_rng(seed)
-    params = {}
-    for name, shape in param_shapes(workload, s).items():
-        if len(shape) == 1:
-            p = np.zeros(shape)
-            if name == "b" and forget_gate_columns(workload, hidden) is not None:
-                p[forget_gate_columns(workload, hidden)] = 1.0
-        else:
-            p = rng.uniform(-0.1, 0.1, size=shape)
-        params[name] = p.astype(dtype)
-    return params
+    """uniform(-0.1, 0.1) matrices and embeddings, zero biases, forget-gate bias 1.0: the same
+    arrays as `cavs.models.build(workload, ...).init_params()` (the model files declare the
+    biases as arrays, the rest as shapes), here without tracing a model, for the baselines."""
+    specs: dict = dict(param_shapes(workload, sizes(workload, hidden, leaves, embed)))
+    forget = forget_gate_columns(workload, hidden)
+    if forget is not None:
+        specs["b"] = np.zeros(specs["b"])
+        specs["b"][forget] = 1.0
+    return initial_values(specs, seed, dtype)
 
 
 def to_graph(workload: str, sample, index: int = 0) -> Graph:

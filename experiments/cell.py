@@ -7,7 +7,8 @@ warmed up (DyNet's library turns FTZ/DAZ on when it is loaded, the Cavs engine c
 torch.set_flush_denormal).
 
 Builds the system, warms it up (untimed) on the largest batch outside the timed slice, so that buffers
-sized by the batch reach their epoch maximum before the clock starts, then times prepare() + step()
+sized by the batch reach their epoch maximum before the clock starts (below 16 samples a batch, on the
+largest two or three), then times prepare() + step()
 over the slice's batches (`repeats` times, keeping the fastest pass) and prints one line
 `CELL_RESULT {json}` with the result columns, and one line `CELL_EXTRA {json}` with what is not a
 column (the denormal probe, the memory profiler's details). The runner sets the BLAS libraries' thread
@@ -226,7 +227,13 @@ def measure(spec: dict, extra: dict) -> dict:
     count = len(batches) if spec["samples"] is None else min(len(batches), math.ceil(spec["samples"] / bs))
     work = [sum(sample_work(spec["workload"], s) for s in b) for b in batches]
     timed = pick_slice(work, count, spec.get("slice", "spread"))
-    warmup = pick_warmup(work, timed, spec["warmup_batches"], spec.get("warmup", "largest"))
+    how = spec.get("warmup", "largest")
+    # small batches: a few more warm-up steps (at least 3 and 16 samples, where the profile asks for
+    # any): a framework's first steps after the first run slower (TensorFlow at bs = 1: the 2nd step +35%)
+    warm_count = spec["warmup_batches"]
+    if how == "largest" and warm_count:
+        warm_count = max(warm_count, min(3, math.ceil(16 / bs)))
+    warmup = pick_warmup(work, timed, warm_count, how)
 
     system = system_factory(spec["system"])(
         spec["workload"], hidden=spec["hidden"], batch_size=bs, mode=spec["mode"], dtype="float32",

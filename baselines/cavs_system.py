@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import cavs
+from cavs import optim, workloads
 
 from .base import System
 
@@ -23,7 +24,10 @@ class CavsSystem(System):
                                        leaves=self.leaves)
         backend = backend or ("cupy" if self.device == "cuda" else "numpy")
         options = dict(lazy=lazy, eager=eager, fusion=fusion, streaming=streaming)   # None: engine default
-        self.engine = cavs.Engine(self.model, backend=backend, policy=policy, threads=self.threads, **options)
+        # WORKLOADS.md's rule, from the same constants the other systems read
+        sgd = optim.SGD(lr=workloads.LEARNING_RATE, clip_norm=workloads.CLIP_NORM)
+        self.engine = cavs.Engine(self.model, backend=backend, policy=policy, threads=self.threads,
+                                  optimizer=sgd, **options)
         self.timings.memory_s = 0.0
         self.timings.extra.update(backend=backend, policy=policy, **self.engine.options)
 

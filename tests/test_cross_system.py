@@ -1,5 +1,6 @@
-"""Every system, from the same initial weights on the same real batch, gives the Cavs engine's loss,
-and after one SGD step the same parameters (float64: rel. error <= 1e-6; float32: <= 1e-4)."""
+"""Every system, from the same initial weights on the same real batch, gives the Cavs engine's loss
+(the batch's mean), and after one SGD step with clipping (the spec's threshold, and one low enough
+to clip) the same parameters (float64: rel. error <= 1e-6; float32: <= 1e-4)."""
 import importlib.util
 
 import numpy as np
@@ -15,26 +16,36 @@ CASES = [(system, workload) for system in NEEDS for workload in cavs.workloads.W
 HIDDEN = 6
 
 
-def _reference(workload, samples, dtype):
+@pytest.fixture(params=[None, 0.01], ids=["clip-default", "clip-0.01"])
+def clip_norm(request, monkeypatch):
+    """The spec's threshold (the engine's default), and one below every gradient norm here, so that
+    every system's clipping is compared with the engine's; the systems read workloads.CLIP_NORM."""
+    if request.param is not None:
+        monkeypatch.setattr(cavs.workloads, "CLIP_NORM", request.param)
+    return request.param
+
+
+def _reference(workload, samples, dtype, clip_norm=None):
     model = cavs.models.build(workload, hidden=HIDDEN, seed=1, dtype=dtype, leaves=8)
-    engine = cavs.Engine(model)
+    optimizer = None if clip_norm is None else cavs.optim.SGD(lr=cavs.workloads.LEARNING_RATE, clip_norm=clip_norm)
+    engine = cavs.Engine(model, optimizer=optimizer)
     batch = model.make_batch(samples)
     loss = engine.step(batch)
     return loss, {k: np.array(v) for k, v in engine.params.items()}
 
 
 @pytest.mark.parametrize("system,workload", CASES)
-def test_same_loss_and_update_as_cavs(system, workload, small_samples):
+def test_same_loss_and_update_as_cavs(system, workload, small_samples, clip_norm):
     module = NEEDS[system]
     if module and importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed")
     make = get_system(system)
     if workload not in make.system_class.workloads:
-        pytest.skip(f"{system} does not implement {workload} (as in the paper)")
+        pytest.skip(f"{system} does not implement {workload}")
     dtype = "float64" if make.system_class.supports_float64 else "float32"
     tol = 1e-6 if dtype == "float64" else 1e-4
     samples = small_samples[workload]
-    ref_loss, ref_params = _reference(workload, samples, dtype)
+    ref_loss, ref_params = _reference(workload, samples, dtype, clip_norm)
     sut = make(workload, hidden=HIDDEN, batch_size=len(samples), dtype=dtype, seed=1, leaves=8)
     loss = sut.step(sut.prepare(samples))
     assert loss == pytest.approx(ref_loss, rel=tol), f"{system} loss {loss} vs cavs {ref_loss}"

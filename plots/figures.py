@@ -144,6 +144,7 @@ def memory(exp, ok, notes):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(panel.values, [str(v) for v in panel.values], fontsize=7)
+        ax.set_xlim(panel.values[0] / 1.3, panel.values[-1] * 1.3)
         ax.set_xlabel(AXIS_LABEL["hidden"])
         ax.set_ylabel("peak RSS of the cell (MB)")
         ax.set_title(panel.title, fontsize=9)

@@ -87,7 +87,9 @@ def memory_table(exp, ok, value: str = "peak_rss_mb") -> pd.DataFrame:
             rows.append(row)
     df = pd.DataFrame(rows)
     keep = [c for c in df.columns if c in ("workload", "batch_size", "hidden") or (df[c] != "-").any()]
-    return df[keep]
+    df = df[keep]
+    measured = (df[keep[3:]] != "-").any(axis=1) if len(keep) > 3 else df["hidden"] < 0
+    return df[measured].reset_index(drop=True)
 
 
 def write_memory(exp, ok, notes, profile, out_dir) -> list:

@@ -18,7 +18,8 @@ The slice (`samples` of the epoch, whole batches): `spread` (default) sorts the 
 work (vertices), cuts them into as many strata of equal count as the slice has batches and takes from
 each the batch nearest its stratum's mean, so the slice's batch sizes follow the epoch's, mean included,
 and come from all over the epoch; `first` takes the first batches of the shuffled epoch (a contiguous
-block: the extrapolation check's reference, experiments/extrapolation.py).
+block: the extrapolation check's reference, experiments/extrapolation.py). A spec with `order: file`
+(experiments.bench: the first samples of the file) keeps `first` and a warm-up on the last batch.
 
 A system is a name of the baselines registry, or `package.module:Class` (a base.System subclass,
 used by the tests' fake system).
@@ -226,8 +227,12 @@ def measure(spec: dict, extra: dict) -> dict:
     epoch_samples = len(batches) * bs
     count = len(batches) if spec["samples"] is None else min(len(batches), math.ceil(spec["samples"] / bs))
     work = [sum(sample_work(spec["workload"], s) for s in b) for b in batches]
-    timed = pick_slice(work, count, spec.get("slice", "spread"))
-    how = spec.get("warmup", "largest")
+    # file order (experiments.bench, experiments.policies) means "the first `samples` of the file, warmed
+    # up on the last batch": those keep the former choice unless the spec says otherwise
+    file_order = spec.get("order", "shuffled") == "file"
+    slice_how = spec.get("slice") or ("first" if file_order else "spread")
+    timed = pick_slice(work, count, slice_how)
+    how = spec.get("warmup") or ("last" if file_order else "largest")
     # small batches: a few more warm-up steps (at least 3 and 16 samples, where the profile asks for
     # any): a framework's first steps after the first run slower (TensorFlow at bs = 1: the 2nd step +35%)
     warm_count = spec["warmup_batches"]
@@ -275,7 +280,7 @@ def measure(spec: dict, extra: dict) -> dict:
         result["gpu_peak_mb"] = None if gpu is None else round(gpu, 1)
     if spec.get("probe_denormals"):
         extra["denormals"] = probe_denormals(frameworks_of(spec["system"]))
-    extra["slice"] = {"how": spec.get("slice", "spread"), "batches": len(timed), "warmup": warmup,
+    extra["slice"] = {"how": slice_how, "batches": len(timed), "warmup": warmup,
                       "slice_work_per_sample": sum(work[i] for i in timed) / measured,
                       "epoch_work_per_sample": sum(work) / epoch_samples}
     return result

@@ -1,0 +1,51 @@
+"""The examples run (tiny sizes) and learn: each `main(argv)` returns its per-epoch mean losses
+(child_sum_tree_lstm: the last epoch's), which must be finite and, over a few epochs, decrease."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cavs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_example(name: str, argv: list[str]):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
+def test_child_sum_tree_lstm(capsys, monkeypatch):
+    # without generated kernels: compiling them for a dozen child slots takes up to a minute on a
+    # cold cache (tests/test_library.py checks the fused kernels at a small arity)
+    class Unfused(cavs.Engine):
+        def __init__(self, model, *args, **kwargs):
+            kwargs.setdefault("fusion", False)
+            super().__init__(model, *args, **kwargs)
+    monkeypatch.setattr(cavs, "Engine", Unfused)
+    loss = run_example("child_sum_tree_lstm", ["--trees", "16", "--batch-size", "8", "--hidden", "8",
+                                               "--embed", "8", "--epochs", "2"])
+    out = capsys.readouterr().out
+    assert np.isfinite(loss) and 0 < loss < 3
+    first, last = (float(line.split("mean loss ")[1].split()[0]) for line in out.splitlines()
+                   if line.startswith("epoch ") and line.split()[1] in ("0:", "1:"))
+    assert last < first, out
+
+
+def test_gru_language_model():
+    losses = run_example("gru_language_model", ["--sentences", "16", "--batch-size", "8", "--hidden", "8",
+                                                "--embed", "8", "--epochs", "3", "--max-length", "8",
+                                                "--fusion", "0"])
+    assert np.isfinite(losses).all()
+    assert losses[-1] < losses[0]
+    assert losses[0] == pytest.approx(np.log(10_000), rel=0.05)    # starts near uniform over the vocabulary
+
+
+def test_dag():
+    losses = run_example("dag", ["--graphs", "32", "--vertices", "6", "--hidden", "8", "--batch-size", "8",
+                                 "--epochs", "4", "--fusion", "0"])
+    assert np.isfinite(losses).all()
+    assert losses[-1] < losses[0]

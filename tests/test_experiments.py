@@ -347,3 +347,19 @@ def test_dynets_memory_movement_is_sampled_in_its_table2_cells():
     result, prof = extra["result"], extra["memory_profile"]
     assert result["status"] == "ok" and prof["samples"] > 50, (prof, proc.stderr[-1500:])
     assert 0 < result["memory_s"] < result["compute_s"] and 0 < prof["memory_per_compute"] < 1
+
+
+def test_extrapolation_check_compares_a_slice_with_a_long_run(tmp_path):
+    from experiments import extrapolation
+    assert extrapolation.long_samples(64, 64, 10, 8192) == 640
+    assert extrapolation.long_samples(64, 64, "epoch", 8192) is None
+    assert extrapolation.long_samples(1000, 64, 10, 8192) is None          # 10x would pass the epoch
+    assert len(extrapolation.CELLS) >= 12
+    row = extrapolation.check_cell((FAKE, "tree_fc", 64, 8, 10), tmp_path, "spread", "largest")
+    assert row["status"] == "ok", row
+    assert row["long_samples"] >= 10 * row["slice_samples"] or row["long_is_epoch"]
+    # (the fake's sleeps are milliseconds: on a loaded machine its error says nothing, so it is not bounded)
+    assert row["rel_error"] == pytest.approx(row["extrapolated_epoch_s"] / row["measured_epoch_s"] - 1, abs=0.01)
+    extrapolation.write_csv(tmp_path / "extrapolation.csv", [row])
+    with open(tmp_path / "extrapolation.csv") as f:
+        assert next(csv.reader(f)) == list(extrapolation.COLUMNS)

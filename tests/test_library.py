@@ -352,6 +352,14 @@ def test_bad_graphs_raise_input_error_naming_graph_and_vertex():
         model.make_batch([good, cavs.Graph.from_children([[]], tokens=[V], name="second")])
 
 
+@pytest.mark.xfail(strict=True, reason="engine: Graph.from_children(..., tokens=[1.7], labels=[2.9]) "
+                   "silently truncates to token 1 and label 2 (graphs._arr casts with np.asarray(values, "
+                   "dtype=np.int64)); expected an InputError naming the graph and vertex 0")
+def test_fractional_tokens_and_labels_raise_input_error():
+    with pytest.raises(cavs.InputError, match=r"fractional: vertex 0"):
+        cavs.Graph.from_children([[]], tokens=[1.7], labels=[2.9], name="fractional")
+
+
 def feature_cell(v, p):
     x = v.pull()
     h = tanh(x @ p.W + sum(v.gather_all()) @ p.U + p.b)
@@ -424,6 +432,21 @@ def test_vertex_function_that_never_scatters_names_its_line():
 def test_vertex_function_that_never_scatters_raises_trace_error():
     with pytest.raises(cavs.TraceError, match="cell_no_scatter: scatter was never called"):
         build(cell_no_scatter)
+
+
+def cell_slices_a_parameter(v, p):
+    h = tanh(v.pull() @ p.W[:, :2] + v.gather(0) @ p.U)
+    v.scatter(h)
+    v.push(h)
+
+
+@pytest.mark.xfail(strict=True, reason="engine: indexing a parameter inside the vertex function "
+                   "(p.W[:, :2]) raises a bare TypeError \"'Param' object is not subscriptable\" (Param in "
+                   "cavs/vertex.py has no __getitem__) instead of a TraceError naming the user's line")
+def test_indexing_a_parameter_raises_trace_error_naming_the_line():
+    with pytest.raises(cavs.TraceError) as info:
+        build(cell_slices_a_parameter)
+    assert line_of(cell_slices_a_parameter, "p.W[:, :2]") in str(info.value)
 
 
 # ---------------------------------------------------------------- save / load

@@ -94,7 +94,7 @@ class Graph:
         n = len(children)
         arrays = {}
         for what, values in (("tokens", tokens), ("labels", labels)):
-            a = _arr(values, n)
+            a = _arr(values, n, what, name)
             if a.shape != (n,):
                 raise InputError(f"{name}: {what} has {len(a)} entries for {n} vertices")
             arrays[what] = a
@@ -372,8 +372,20 @@ def complete_binary_tree(leaf_tokens, root_label: int = -1, name: str = "tree") 
     return Graph(children, tokens, labels, name)
 
 
-def _arr(values, n: int) -> np.ndarray:
-    return np.full(n, -1, dtype=np.int64) if values is None else np.asarray(values, dtype=np.int64)
+def _arr(values, n: int, what: str = "values", name: str = "graph") -> np.ndarray:
+    """Integer ids per vertex (-1 where absent); a fractional or non-numeric entry is an error."""
+    if values is None:
+        return np.full(n, -1, dtype=np.int64)
+    a = np.asarray(values)
+    if a.dtype.kind in "iu":
+        return a.astype(np.int64)
+    if a.dtype.kind != "f" and a.size:
+        raise InputError(f"{name}: {what} must be integers, got {a.dtype} values")
+    bad = a != np.round(a) if a.size else np.zeros(0, dtype=bool)
+    if bad.any():
+        v = int(np.flatnonzero(bad.ravel())[0])
+        raise InputError(f"{name}: vertex {v} has {what[:-1]} {a.ravel()[v]!r}, not an integer")
+    return a.astype(np.int64)
 
 
 # ---------------------------------------------------------------- a batch of graphs
@@ -408,6 +420,9 @@ def make_forest(graphs: list[Graph], arity: int, features: int | None = None) ->
         raise InputError("empty batch: no samples were given")
     for g in graphs:
         validate(g, arity, acyclic=False)
+        if features is None and g.features is not None:
+            raise InputError(f"{g.name}: the graph has features, but the model reads none "
+                             "(declare inputs=D to read them with pull())")
         if features is not None:
             f = g.features
             if f is None or f.ndim != 2 or f.shape != (g.num_vertices, features):

@@ -112,6 +112,10 @@ class Param:
     def shape(self):
         return self.node.shape
 
+    def __getitem__(self, item):
+        raise TraceError(f"{_user_line()} (param): p.{self.node.attrs['name']} cannot be indexed; "
+                         "declare the pieces as parameters of their own, or slice a vertex value")
+
 
 class Params:
     """`p.NAME` inside a vertex function: the named parameters of the model."""
@@ -212,7 +216,9 @@ def trace(fn, arity: int, state_width: int, input_width: int | None,
     t = Tracer(arity, state_width, input_width, param_shapes)
     fn(Vertex(t), t.params)
     if t.scattered is None:
-        raise TraceError(f"{getattr(fn, '__name__', 'vertex function')}: scatter was never called; "
+        code = getattr(fn, "__code__", None)
+        where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}" if code else "vertex function"
+        raise TraceError(f"{where} ({getattr(fn, '__name__', 'F')}): scatter was never called; "
                          "a vertex function must scatter its state exactly once")
     return VertexFunction(t.graph.nodes, t.scattered, t.pushed, arity, state_width, input_width,
                           getattr(fn, "__name__", "F"))

@@ -384,7 +384,7 @@ def _arr(values, n: int, what: str = "values", name: str = "graph") -> np.ndarra
     bad = a != np.round(a) if a.size else np.zeros(0, dtype=bool)
     if bad.any():
         v = int(np.flatnonzero(bad.ravel())[0])
-        raise InputError(f"{name}: vertex {v} has {what[:-1]} {a.ravel()[v]!r}, not an integer")
+        raise InputError(f"{name}: vertex {v} has {what[:-1]} {a.ravel()[v].item()!r}, not an integer")
     return a.astype(np.int64)
 
 

@@ -1,13 +1,14 @@
 """Checks the `cpu` profile's extrapolation: for each cell below, the cpu-profile cell (a slice of the epoch,
 per-epoch time extrapolated) and a long measurement of the same cell (the whole epoch where that costs
-under about a minute here, else at least ten times the slice's samples, a contiguous block of the
-shuffled epoch), each in its own process like a sweep's cells; writes RESULTS/extrapolation.csv and
-fails when an extrapolation is off by more than --max-error (default 15%).
+under about a minute here, else twenty times the slice's samples, a contiguous block of the shuffled
+epoch, whose own sampling error is then a few percent), each in its own process like a sweep's cells;
+writes RESULTS/extrapolation.csv and fails when an extrapolation is off by more than --max-error
+(default 15%).
 
     python -m experiments.extrapolation [--results results] [--only 1,5,...] [--list]
     python -m experiments.extrapolation --slice first --warmup last     # the harness's former slice choice
 
-About 10-15 minutes on a quiet 2-core machine (`--list` prints the cells and the cost model's guesses).
+About 11-15 minutes on a quiet 2-core machine (`--list` prints the cells and the cost model's guesses).
 """
 from __future__ import annotations
 
@@ -20,27 +21,28 @@ import time
 from pathlib import Path
 
 from . import environment, runner
-from .profiles import get_profile, measured_samples
+from .profiles import (DEFAULT_STARTUP_S, STARTUP_S, estimated_cell_s, get_profile, measured_samples,
+                       sample_cost_s)
 
 # (system, workload, batch_size, hidden, long): long = "epoch" (the whole epoch) or a multiple of the slice.
 # Chosen to cover every kind of system (batched engine, DyNet, TensorFlow, cuDNN-LSTM, Fold, per-sample
 # PyTorch and Cavs-serial), the four workloads, h = 64 ... 1024 and bs = 1 ... 256, within the time budget.
 CELLS = (
     ("cavs", "tree_lstm", 64, 512, "epoch"),
-    ("cavs", "tree_lstm", 1, 512, 10),
-    ("cavs", "tree_fc", 64, 1024, 10),
-    ("cavs", "var_lstm", 256, 512, 10),
-    ("cavs-serial", "tree_lstm", 16, 512, 10),
+    ("cavs", "tree_lstm", 1, 512, 20),
+    ("cavs", "tree_fc", 64, 1024, 20),
+    ("cavs", "var_lstm", 256, 512, 20),
+    ("cavs-serial", "tree_lstm", 16, 512, 20),
     ("dynet", "tree_lstm", 64, 128, "epoch"),
-    ("dynet", "tree_lstm", 1, 512, 10),
-    ("dynet", "tree_fc", 256, 512, 10),
-    ("tensorflow", "fixed_lstm", 1, 512, 10),
-    ("tensorflow", "var_lstm", 64, 256, 10),
-    ("cudnn", "fixed_lstm", 8, 512, 10),
+    ("dynet", "tree_lstm", 1, 512, 20),
+    ("dynet", "tree_fc", 256, 512, 20),
+    ("tensorflow", "fixed_lstm", 1, 512, 20),
+    ("tensorflow", "var_lstm", 64, 256, 20),
+    ("cudnn", "fixed_lstm", 8, 512, 20),
     ("fold", "tree_lstm", 256, 512, "epoch"),
     ("fold", "tree_fc", 64, 64, "epoch"),
-    ("pytorch", "tree_lstm", 1, 512, 10),
-    ("pytorch", "tree_fc", 4, 512, 10),
+    ("pytorch", "tree_lstm", 1, 512, 20),
+    ("pytorch", "tree_fc", 4, 512, 20),
 )
 COLUMNS = ("system", "workload", "mode", "batch_size", "hidden", "leaves", "slice", "warmup",
            "slice_samples", "slice_total_s", "long_samples", "long_total_s", "long_is_epoch", "epoch_samples",
@@ -92,6 +94,18 @@ def check_cell(entry, results_dir: Path, slice_how: str, warmup_how: str) -> dic
             "rel_error": round(err, 4), "status": "ok"}
 
 
+def estimate_s(entry) -> float:
+    """The cost model's guess of one check: the cpu cell, then the long run (start-ups included)."""
+    system, workload, bs, hidden, long = entry
+    profile = get_profile("cpu")
+    cell = cell_spec(system, workload, bs, hidden, samples="cpu", slice_how="spread", warmup_how="largest")
+    epoch = runner.EPOCH_SAMPLES[workload] // bs * bs
+    n = long_samples(cell["samples"], bs, long, epoch) or epoch
+    per_sample = sample_cost_s(system, workload, hidden, 256, "train", bs)
+    startup = STARTUP_S.get(system, DEFAULT_STARTUP_S)
+    return estimated_cell_s(profile, cell, epoch) + startup + (n + bs) * per_sample
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, COLUMNS, lineterminator="\n")
@@ -115,8 +129,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     chosen = [int(x) for x in args.only.split(",")] if args.only else list(range(1, len(CELLS) + 1))
     if args.list:
+        total = 0.0
         for i, c in enumerate(CELLS, 1):
-            print(f"{i:>3}  {c[0]:<12} {c[1]:<11} bs={c[2]:<4} h={c[3]:<5} long={c[4]}")
+            guess = estimate_s(c)
+            total += guess if i in chosen else 0
+            print(f"{i:>3}  {c[0]:<12} {c[1]:<11} bs={c[2]:<4} h={c[3]:<5} long={c[4]:<6} ~{guess / 60:4.1f} min")
+        print(f"cells {','.join(map(str, chosen))}: ~{total / 60:.0f} min (cost model of profiles.py, 2-core reference)")
         return 0
     results_dir = Path(args.results)
     results_dir.mkdir(parents=True, exist_ok=True)

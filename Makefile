@@ -8,12 +8,14 @@ SYSTEMS     ?=
 # RESULTS empty: results/ on the reference kind of machine (or an empty results/), else results/<kind>/
 RESULTS     ?=
 # EXECUTOR=ray runs each cell as a Ray task (pip extra `cluster`); RAY_ADDRESS=auto|ray://host:10001
+# FTZ=0: flush-to-zero and denormals-are-zero off in every system's cells (default on, for all)
+FTZ         ?= 1
 EXECUTOR    ?=
 RAY_ADDRESS ?=
 RUN_ARGS     = $(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS))
 EXP_ARGS     = $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(RUN_ARGS)
 
-.PHONY: venv test fig8 fig9 table1 table2 ablation all sst bench bench-ci bench-ci-update gpu-check clean-venv
+.PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench bench-ci bench-ci-update gpu-check clean-venv
 
 venv: $(STAMP)
 
@@ -30,19 +32,27 @@ test: $(STAMP)
 fig8 fig9 table1 table2 ablation: $(STAMP)
 	@dir=$$($(PY) -m experiments results-dir $(RUN_ARGS) $(if $(RESULTS),--results $(RESULTS))) && \
 	echo "results in $$dir" && \
-	$(PY) -m experiments run $@ $(EXP_ARGS) --results $$dir && \
+	CAVS_FTZ=$(FTZ) $(PY) -m experiments run $@ $(EXP_ARGS) --results $$dir && \
 	$(PY) -m plots $@ --results $$dir
 
 all: fig8 fig9 table1 table2 ablation
 
 # SST sentiment trained to accuracy on Cavs, DyNet and PyTorch: results/sst.csv, figures/sst.* (issue 13)
-sst: $(STAMP)
-	$(PY) -m experiments.sst --no-plot $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) --results $(or $(RESULTS),results)
-	$(PY) -m plots.sst --results $(or $(RESULTS),results)
+# (like the sweeps: results/ on the reference kind of machine, else results/<kind>/, or RESULTS=)
+RESULTS_DIR  = $$($(PY) -m experiments results-dir $(if $(RESULTS),--results $(RESULTS)))
 
-# the engine's speed against DyNet and the GEMM floor (issues 2 and 3)
+sst: $(STAMP)
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && \
+	$(PY) -m experiments.sst --no-plot $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) --results $$dir && \
+	$(PY) -m plots.sst --results $$dir
+
+# the engine's speed against DyNet, TensorFlow, PyTorch by level and the GEMM floor
 bench: $(STAMP)
-	$(PY) -m experiments.bench --results $(or $(RESULTS),results)
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.bench --results $$dir
+
+# the cpu profile's extrapolated epochs against whole (or 20x longer) measurements: extrapolation.csv
+extrapolation: $(STAMP)
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.extrapolation --results $$dir
 
 bench-ci: $(STAMP)
 	$(PY) -m experiments.ci_bench check --results $(or $(RESULTS),results)/ci

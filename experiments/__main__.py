@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import executors, machine, runner
@@ -33,6 +34,8 @@ def parse_args(argv):
                      help="start no cell past this many minutes, 0 = no limit (default: the profile's)")
     run.add_argument("--retry-failed", action="store_true", help="rerun cells recorded as failed or timed out")
     run.add_argument("--dry-run", action="store_true", help="print the cells and an estimated duration only")
+    run.add_argument("--no-ftz", action="store_true",
+                     help="flush-to-zero and denormals-are-zero off in every system (same as CAVS_FTZ=0)")
     where = sub.add_parser("results-dir", help="print the directory a sweep measures into (see run --results)")
     where.add_argument("--results", help="a directory named by the user: printed as is")
     for p in (run, where):
@@ -76,6 +79,8 @@ def cmd_list():
 
 
 def cmd_run(parser, args):
+    if args.no_ftz:
+        os.environ["CAVS_FTZ"] = "0"      # the cells inherit the runner's environment
     exp = get_experiment(args.experiment)
     _check_subset(parser, "system", args.systems, exp.systems)
     _check_subset(parser, "panel", args.panels, [p.id for p in exp.panels])

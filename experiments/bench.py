@@ -105,8 +105,9 @@ def needed_macs(workload: str, hidden: int, samples: list) -> float:
 
 
 GEMM_SHAPE_TIMER = """
-import json, sys, time, torch
-torch.set_num_threads(1); torch.set_flush_denormal(True)
+import json, os, sys, time, torch
+torch.set_num_threads(1)
+torch.set_flush_denormal(os.environ.get("CAVS_FTZ", "1").strip().lower() not in ("0", "false", "off", "no"))
 k, n, rows = json.loads(sys.argv[1])
 w = torch.rand(k, n)
 def best(f):
@@ -241,6 +242,8 @@ def main(argv=None):
             systems = [(name, name, {}) for name in ALL_SYSTEMS[workload]]
         else:
             systems = [(name, "cavs", opts) for name, opts in variants.items()] + [("dynet", "dynet", {})]
+            if workload == "tree_lstm":     # the strongest peer a PyTorch user writes by hand
+                systems.append(("pytorch-levels", "pytorch-levels", {}))
             if workload == "var_lstm":
                 systems.append(("tensorflow", "tensorflow", {}))
         # rounds interleave the systems, so a slow spell of a shared machine hits all of them;

@@ -20,7 +20,7 @@ COLUMNS = (
     "leaves", "threads", "backend", "device", "samples", "epoch_samples", "construct_s", "compute_s",
     "memory_s", "total_s", "epoch_s", "extrapolated", "loss", "status", "git_rev", "profile", "cell_id",
     "timestamp",
-    "ftz", "peak_rss_mb",       # the cell's flush-to-zero setting and peak memory (experiments/cell.py)
+    "ftz", "peak_rss_mb", "gpu_peak_mb",   # the cell's flush-to-zero setting and peak memory (experiments/cell.py)
     "node", "machine",          # the host a cell ran on and its kind (experiments/machine.py)
 )
 

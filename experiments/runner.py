@@ -53,7 +53,10 @@ def resolve_device(profile: Profile) -> str:
 
 
 def cell_id(cell: dict) -> str:
-    key = json.dumps({k: cell[k] for k in KEY_FIELDS}, sort_keys=True)
+    key = {k: cell[k] for k in KEY_FIELDS}
+    if cell.get("ftz") is False:      # FTZ/DAZ off is another measurement (ids with it on are unchanged)
+        key["ftz"] = False
+    key = json.dumps(key, sort_keys=True)
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
@@ -96,6 +99,7 @@ def plan(experiment: Experiment, profile: Profile, *, systems=None, panels=None,
                                 "batch_size": panel.batch_size, "hidden": panel.hidden,
                                 "leaves": panel.leaves, "threads": threads, "device": device,
                                 "profile": profile.name, panel.vary: value}
+                        cell["ftz"] = environment.ftz_requested()
                         cell["samples"] = measured_samples(profile, cell)
                         cell["warmup_batches"], cell["repeats"] = profile.warmup_batches, profile.repeats
                         cell["cell_id"] = cell_id(cell)

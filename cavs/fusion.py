@@ -193,7 +193,8 @@ def numba_source(group: FusedGroup) -> str:
 
 # ---------------------------------------------------------------- CPU: the kernel cache
 
-# Compiling a fused kernel takes Numba 0.1-0.5 s, and a Tree-LSTM engine has about ten of them:
+# Compiling a fused kernel takes Numba 0.5-4 s, and a Tree-LSTM engine has 4-6 of them (the cell,
+# its gradient, and smaller versions where the leaves skip members; the loss kernel besides):
 # seconds that every new process (each sweep cell is one) would pay in its first step. Each
 # generated kernel is therefore written as a Python module into a cache directory, under a name
 # hashed from its source, the library versions and the CPU, and jitted with `cache=True`, so

@@ -22,7 +22,7 @@ from . import fusion, optim
 from .analysis import PHASES, affine_sums, concat_homes, phases
 from .backend import get_backend
 from .grad import GradientFunction
-from .loss import softmax, softmax_cross_entropy
+from .loss import softmax, softmax_cross_entropy, warm_up as loss_warm_up
 from .model import EMBEDDING
 from .memory import Counters, DynamicTensor, LossPlan, MessagePlans, PullPlan
 from .ops import OPS, Node
@@ -143,6 +143,15 @@ class Engine:
             a.terms.sort(key=lambda t: PHASES.index(where[self.phase_of[t]]))
         self.forward_phases = self._phase_items(F.nodes, fwd)
         self.backward_phases = self._phase_items(dF.nodes, bwd)
+        if self.backend.name == "numpy":
+            # Numba's start-up and the kernels (from the on-disk cache, or compiled) now, at
+            # construction, not in the first step
+            if self.options["fusion"]:
+                fusion.warm_up([it for ph in (self.forward_phases, self.backward_phases) for items in ph.values()
+                                for it in items if isinstance(it, fusion.FusedGroup)], self.dtype.name,
+                               cached_only=True)
+            if self.dtype.name in ("float32", "float64"):
+                loss_warm_up(self.dtype.name)
         self._fns = {}            # (node, action) -> closure
         self._task_fns = {}       # loop signature -> closures, shared by tasks alike in what they skip
         self._subgroups = {}      # (fused group, its computing members) -> the smaller fused group
@@ -546,18 +555,17 @@ class Engine:
         self.timings.memory_s += time.perf_counter() - t0
         # "mean": the average over the batch's labelled vertices (WORKLOADS.md); "sum": their sum
         scale = 1.0 / max(1, len(plan.labels)) if self.model.reduction == "mean" else 1.0
-        loss, dh, dw, db = softmax_cross_entropy(self.backend, h, self._params["Wout"], self._params["bout"],
-                                                 plan.labels, want_grad, scale)
-        self.counters.kernels["loss"] += 1
-        if want_grad:
-            self._grads["Wout"] += dw
-            self._grads["bout"] += db
+        kw = {}
+        if want_grad:      # the gradients go where they are read: dh into d(push), dW and db into the accumulators
             dpush = A[self._slot[self._dpush]][:self._sched.num_rows]
-            if plan.all_rows:
-                dpush[...] = dh
-            else:
-                dpush.fill(0)
-                dpush[plan.rows] = dh
+            kw = {"dw_acc": self._grads["Wout"], "db_acc": self._grads["bout"],
+                  "dh_out": dpush if plan.all_rows else None}
+        loss, dh, dw, db = softmax_cross_entropy(self.backend, h, self._params["Wout"], self._params["bout"],
+                                                 plan.labels, want_grad, scale, **kw)
+        self.counters.kernels["loss"] += 1
+        if want_grad and not plan.all_rows:
+            dpush.fill(0)
+            dpush[plan.rows] = dh
         return loss
 
     def _backward(self):

@@ -266,6 +266,19 @@ def _write_once(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _module_path(where: Path, text: str) -> Path:
+    return where / f"k_{hashlib.sha256((fingerprint() + chr(10) + text).encode()).hexdigest()[:32]}.py"
+
+
+def is_cached(source: str, dtype: str, fast: bool | None = None) -> bool:
+    """Whether a process already wrote this kernel into the cache (its machine code is there)."""
+    where = kernel_cache_dir()
+    if where is None:
+        return False
+    path = _module_path(where, module_text(source, dtype, fast))
+    return path.exists() and any(path.parent.glob(f"__pycache__/{path.stem}*.nbi"))
+
+
 @functools.lru_cache(maxsize=None)
 def compile_numba(source: str, dtype: str, fast: bool | None = None):
     """The Numba dispatcher of `source` (a `def kernel(...)`); loaded from the kernel cache when
@@ -277,8 +290,8 @@ def compile_numba(source: str, dtype: str, fast: bool | None = None):
         exec(compile(text.replace(", cache=True)", ")"), "<cavs-fused>", "exec"), namespace)
         kernel = namespace["kernel"]
     else:
-        key = hashlib.sha256((fingerprint() + "\n" + text).encode()).hexdigest()[:32]
-        path = where / f"k_{key}.py"
+        path = _module_path(where, text)
+        key = path.stem[2:]
         _write_once(path, text)
         name = f"cavs_kernel_{key}"
         module = sys.modules.get(name)
@@ -303,7 +316,7 @@ def numba_signature(group: FusedGroup, dtype: str) -> tuple:
     return tuple(args + rows * len(group.outputs))
 
 
-def warm_up(groups=(), dtype: str = "float32") -> None:
+def warm_up(groups=(), dtype: str = "float32", cached_only: bool = False) -> None:
     """Numba's one-time start-up in a process, and `groups`' kernels loaded (or compiled) now.
 
     Importing Numba (~0.5-0.8 s) and filling its typing and target registries (~0.5-1 s) is
@@ -313,6 +326,8 @@ def warm_up(groups=(), dtype: str = "float32") -> None:
     batch-dependent: they load at their first use.)"""
     _numba_start_up()
     for g in groups:
+        if cached_only and not is_cached(numba_source(g), dtype):
+            continue            # compiled at its first use, if it is used (not every group is)
         kernel = compile_numba(numba_source(g), dtype)
         kernel.compile(numba_signature(g, dtype))
 

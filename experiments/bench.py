@@ -215,6 +215,8 @@ def main(argv=None):
     ap.add_argument("--variants", default="all", help="'all' or 'default' (Cavs switch variants)")
     ap.add_argument("--all-systems", action="store_true",
                     help="every system instead of the Cavs variants (writes bench-systems.csv)")
+    ap.add_argument("--systems", help="only these systems' cells (comma-separated labels, e.g. cavs,dynet)")
+    ap.add_argument("--workloads", default="tree_lstm,var_lstm", help="tree_lstm and/or var_lstm")
     ap.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"),
                     help="time one baseline cell with baselines/ of two git revisions ('worktree': this "
                          "tree), interleaved; prints before/after (use with --system, --workload, --h)")
@@ -234,6 +236,7 @@ def main(argv=None):
     rows = []
     variants = CAVS_VARIANTS if args.variants == "all" else {"cavs": {}}
     jobs = [("tree_lstm", int(h), 512) for h in args.hidden.split(",")] + [("var_lstm", 256, 2048)]
+    jobs = [j for j in jobs if j[0] in args.workloads.split(",")]
     for workload, hidden, count in jobs:
         data = cavs.datasets.load_samples(workload, limit=count)
         floor = needed_macs(workload, hidden, data) * 2 / rate
@@ -246,6 +249,8 @@ def main(argv=None):
                 systems.append(("pytorch-levels", "pytorch-levels", {}))
             if workload == "var_lstm":
                 systems.append(("tensorflow", "tensorflow", {}))
+        if args.systems:
+            systems = [s for s in systems if s[0] in args.systems.split(",")]
         # rounds interleave the systems, so a slow spell of a shared machine hits all of them;
         # each system keeps its fastest round
         best = {}

@@ -274,7 +274,8 @@ def main(argv=None):
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     name = "bench-systems.csv" if args.all_systems else "bench.csv"
-    df.assign(matmul_gflops=rate / 1e9).to_csv(out / name, index=False)
+    from .environment import git_revision
+    df.assign(matmul_gflops=rate / 1e9, git_rev=git_revision()).to_csv(out / name, index=False)
     cols = ["workload", "hidden", "system", "total_s", "construct_s", "compute_s", "floor_s",
             "frontier_bound_s", "cavs_speedup", "over_floor", "over_frontier_bound", "status"]
     print(f"\nsingle-thread float32 matmul rate: {rate / 1e9:.1f} GFLOP/s")

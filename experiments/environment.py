@@ -118,7 +118,7 @@ def _cpu_model() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return platform.processor() or platform.machine()
 
 
 def _version(dists) -> str | None:

@@ -21,14 +21,8 @@ ROOT = "results"                  # the committed reference machine's directory
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
+    from .environment import _cpu_model as model      # one reader of /proc/cpuinfo
+    return model()
 
 
 def _memory_gib() -> int | None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import cavs
-from cavs import concat, sigmoid, tanh
+from cavs import concat, tanh
 
 torch = pytest.importorskip("torch")
 

@@ -27,3 +27,6 @@ def build(name: str, hidden: int = 64, seed: int = 0, dtype="float32", reduction
     model = MODELS[name](hidden, seed=seed, dtype=dtype, reduction=reduction, **kwargs)
     model.workload, model.hidden, model.leaves = name, hidden, leaves
     return model
+
+
+__all__ = ["build", "MODELS", "CELLS", "datasets", "workloads"]

@@ -30,7 +30,8 @@ def _any_per_task(rows_mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
 
 
 def actions(F, dF, sched, predict: bool = False) -> dict:
-    """{node: int8 array over tasks of SKIP / ZERO / COMPUTE} for every node that does work.
+    """{node: int8 array over tasks of SKIP / ZERO / COMPUTE / PASS + k} for every node that
+    does work.
     With `predict`, push is read at every vertex (predictions), not only where a label is."""
     T = sched.num_tasks
     every = np.ones(T, dtype=bool)

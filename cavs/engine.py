@@ -27,7 +27,7 @@ from .model import EMBEDDING
 from .memory import Counters, DynamicTensor, LossPlan, MessagePlans, PullPlan
 from .ops import OPS, Node
 from .scheduler import POLICIES
-from .support import COMPUTE, PASS, SKIP, ZERO, actions, ranges
+from .support import COMPUTE, PASS, ROW_SUBSET_OPS, SKIP, ZERO, actions, ranges, row_bounds
 
 STREAM_CHUNKS = 4      # streaming: eager work is cut into this many pieces along the task order
 # A fused group that computes only in part on some tasks (a leaf has no children, an n-ary vertex
@@ -36,6 +36,11 @@ STREAM_CHUNKS = 4      # streaming: eager work is cut into this many pieces alon
 # combination that covers at least this share of a batch's rows gets its own kernel; the rarer
 # ones run member by member. (Binary Tree-LSTM: the leaves' combination is ~half the rows.)
 VARIANT_MIN_SHARE = 0.1
+# A product bounded by child slot k (support.row_bounds) runs on the rows with child k alone when
+# they are at most this share of its rows; above it, copying them out costs more than it saves.
+SUBSET_MAX_SHARE = 0.8
+
+
 class ParamView(MutableMapping):
     """engine.params: {name: numpy array}; assigning an array sets the weights."""
 
@@ -120,6 +125,9 @@ class Engine:
         # with fusion on, matmul sums are computed in their root's buffer (affine_sums)
         self._affine = {a.root: a for a in affine_sums(nodes, self._consumers)} if self.options["fusion"] else {}
         self._sum_of = {n: a for a in self._affine.values() for n in a.terms + a.inner}
+        # products and parameter gradients that are zero outside the rows with some child k
+        self._bound = {n: ks for n, ks in row_bounds(nodes).items() if n.op in ROW_SUBSET_OPS}
+        self._row_sets = {}      # per batch: (slots, a, b) -> the rows with those children
         self._tensors: dict[Node, DynamicTensor] = {}
         for n in nodes:
             if n.is_vertex and n.op != "slice" and n not in self._home and n not in self._sum_of:
@@ -184,6 +192,8 @@ class Engine:
             return self._scatter_grad_step(n)
         if op == "concat":
             return self._concat_step(n)
+        if n in self._bound:
+            return self._subset_fn(n)
         run = OPS[op].run
         ins = [(self._slot[i], i.is_param) for i in n.inputs]
         if OPS[op].kind == "reduce":
@@ -198,6 +208,49 @@ class Engine:
             run(be, A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
             kernels[op] += 1
         return step
+
+    def _rows_with_children(self, n: Node, a: int, b: int):
+        """The rows of [a, b) whose vertex has one of the children that bound n
+        (support.row_bounds), as an index array, or None where they are nearly all rows (then
+        copying them out costs more than the products it saves). Cached per batch."""
+        key = (self._bound[n], a, b)
+        rows = self._row_sets.get(key)
+        if rows is None:
+            present = (self._sched.child_rows[a:b, sorted(key[0])] >= 0).any(axis=1)
+            count = int(present.sum())
+            rows = False if count > SUBSET_MAX_SHARE * (b - a) else self.backend.index(np.flatnonzero(present))
+            self._row_sets[key] = rows
+        return None if rows is False else rows
+
+    def _subset_fn(self, n: Node):
+        """A product or parameter gradient whose vertex input is zero on every row without
+        certain children (support.row_bounds): where few rows have them, it multiplies those rows
+        alone (copied out, and back into the output, whose other rows get zeros); the same
+        numbers as the product over all rows, without its multiplications by zero rows."""
+        be, A, kernels, xp = self.backend, self._arrays, self.counters.kernels, self.xp
+        o, op = self._slot[n], n.op
+        run = OPS[op].run
+        ins = [(self._slot[i], i.is_param) for i in n.inputs]
+        reduce = OPS[op].kind == "reduce"
+        grad = self._grads[n.attrs["param"]] if reduce else None
+
+        def subset_step(a, b, t):
+            rows = self._rows_with_children(n, a, b)
+            if rows is None:
+                run(be, grad if reduce else A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
+                kernels[op] += 1
+                return
+            args = [A[s] if p else A[s][a:b][rows] for s, p in ins]
+            if reduce:
+                run(be, grad, *args)
+            else:
+                out = A[o][a:b]
+                part = xp.empty((len(rows), out.shape[1]), dtype=out.dtype)
+                run(be, part, *args)
+                out.fill(0)
+                out[rows] = part
+            kernels[op + "-rows"] += 1
+        return subset_step
 
     def _concat_step(self, n: Node):
         """Copies the parts that are not stored in the concat's columns already (concat_homes)."""
@@ -258,11 +311,22 @@ class Engine:
             return fill
         x, w = self._slot[n.inputs[0]], self._slot[n.inputs[1]]
         accumulate = how == "accumulate"
+        bounded = n in self._bound
 
         def term(a, b, t):
-            be.gemm(A[o][a:b], A[x][a:b], A[w], accumulate=accumulate,
-                    bias=None if accumulate or bias is None else A[bias])
-            kernels["matmul"] += 1
+            rows = self._rows_with_children(n, a, b) if bounded else None
+            if rows is None:
+                be.gemm(A[o][a:b], A[x][a:b], A[w], accumulate=accumulate,
+                        bias=None if accumulate or bias is None else A[bias])
+                kernels["matmul"] += 1
+                return
+            out = A[o][a:b]            # a term that is zero outside `rows` (see _subset_fn)
+            part = self.xp.empty((len(rows), out.shape[1]), dtype=out.dtype)
+            be.gemm(part, A[x][a:b][rows], A[w])
+            if not accumulate:
+                out[...] = A[bias] if bias is not None else 0
+            out[rows] += part
+            kernels["matmul-rows"] += 1
         return term
 
     def _affine_fns(self, n: Node, action_of) -> list:
@@ -343,6 +407,7 @@ class Engine:
         t0 = time.perf_counter()
         be, key = self.backend.name, (self.policy, id(self.model), predict)
         self._sched = batch.schedule(self.policy)
+        self._row_sets = {}
         self._plans = batch.cached(("plans", self.policy, be), lambda: MessagePlans(self._sched, self.backend))
         self._loss_plan = batch.cached(("loss", self.policy, be), lambda: LossPlan(self._sched, self.backend))
         self._actions = batch.cached(("actions", *key),

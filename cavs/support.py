@@ -116,3 +116,43 @@ def ranges(mask: np.ndarray, bounds: np.ndarray) -> list[tuple[int, int]]:
         else:
             out.append((a, b))
     return out
+
+
+# ops that read only the rows they are given: where their vertex input is zero outside some rows,
+# they run on those rows alone (engine._subset_fn, engine._affine_fn)
+ROW_SUBSET_OPS = ("matmul", "matmul_t", "param_grad", "bias_grad")
+
+
+def row_bounds(nodes) -> dict:
+    """{node: frozenset of child slots} for each vertex value that is zero on every row whose
+    vertex has none of those children.
+
+    actions() works per task: a task computes child slot k's work on all its rows if any of them
+    has child k. With variable arity most of those rows lack child k (an n-ary vertex of 3
+    children in a task whose widest vertex has 12), and a policy other than `batched` puts leaves
+    and inner vertices in one task; products and parameter gradients bounded this way then run on
+    the rows with those children alone (engine._subset_fn): the same numbers, without multiplying
+    rows known to be zero. The rules follow each op's `zero` rule, per row instead of per task:
+    `union` is bounded by the union of its inputs' slots when every vertex input is bounded,
+    `intersect` by its most narrowly bounded input."""
+    bound = {}
+    for n in nodes:
+        if n.is_param:
+            continue
+        vertex_inputs = [i for i in n.inputs if not i.is_param]
+        rule = OPS[n.op].zero
+        if n.op == "gather":
+            ks = frozenset([n.attrs["k"]])
+        elif n.op in ("pull", "pull_grad_output", "gather_grad_state") or rule in ("full", "none") \
+                or not vertex_inputs or (rule == "union" and len(vertex_inputs) < len(n.inputs)):
+            ks = None
+        elif rule == "second":
+            ks = bound.get(n.inputs[1])
+        elif rule == "intersect":
+            ks = min((bound[i] for i in vertex_inputs if i in bound), key=len, default=None)
+        else:
+            ks = frozenset().union(*(bound[i] for i in vertex_inputs)) \
+                if all(i in bound for i in vertex_inputs) else None
+        if ks is not None:
+            bound[n] = ks
+    return bound

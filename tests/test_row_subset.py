@@ -1,0 +1,64 @@
+"""Products bounded by a child slot run on the rows that have that child (support.row_bounds,
+engine._subset_fn): the same numbers as multiplying every row of the task, and never taken by the
+paper's four models, whose tasks give every vertex the same children (so their numbers and speed
+are those of the full products)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cavs
+from cavs import engine as engine_module
+from tests.test_library import assert_close, child_sum_model, dag, nary_trees, sst_trees
+
+SUBSET_KERNELS = ("matmul-rows", "matmul_t-rows", "param_grad-rows", "bias_grad-rows")
+
+
+def child_sum_run(graphs, share, monkeypatch, policy="batched"):
+    monkeypatch.setattr(engine_module, "SUBSET_MAX_SHARE", share)
+    model = child_sum_model(32)
+    engine = cavs.Engine(model, backend="numpy", policy=policy, fusion=False)
+    loss, grads = engine.loss_and_grads(model.make_batch(graphs))
+    return loss, grads, engine.counters.kernels
+
+
+@pytest.mark.parametrize("policy", ["batched", "alap"])
+def test_row_subsets_equal_full_products(policy, monkeypatch):
+    graphs = nary_trees() + [dag()] + sst_trees(3)
+    full_loss, full_grads, full_kernels = child_sum_run(graphs, -1.0, monkeypatch, policy)
+    loss, grads, kernels = child_sum_run(graphs, 0.8, monkeypatch, policy)
+    assert not any(full_kernels[k] for k in SUBSET_KERNELS)
+    for k in ("matmul-rows", "matmul_t-rows", "param_grad-rows"):     # h_k Uf, its gradients
+        assert kernels[k] > 0, k
+    assert loss == pytest.approx(full_loss, rel=1e-13)
+    for name in full_grads:
+        assert_close(grads[name], full_grads[name], 1e-12, f"{policy}: d loss/d {name}")
+
+
+@pytest.mark.parametrize("workload", ["tree_lstm", "tree_fc", "var_lstm", "fixed_lstm"])
+@pytest.mark.parametrize("policy", ["batched", "serial"])
+def test_paper_models_multiply_whole_tasks(workload, policy):
+    model = cavs.models.build(workload, hidden=4, seed=0, dtype="float64", leaves=8)
+    samples = cavs.datasets.load_samples(workload, "train", limit=16, leaves=8)
+    engine = cavs.Engine(model, backend="numpy", policy=policy, fusion=False)
+    engine.loss_and_grads(model.make_batch(samples))
+    assert not any(engine.counters.kernels[k] for k in SUBSET_KERNELS)
+    assert engine.counters.kernels["matmul"] > 0
+
+
+def test_leaves_in_an_inner_task_skip_the_state_product(monkeypatch):
+    """`alap` puts SST's leaves into tasks with inner vertices: the state product [hl; hr] Uh (an
+    affine sum's term) and its weight gradient run on the inner vertices' rows alone."""
+    model = cavs.models.build("tree_lstm", hidden=4, seed=0, dtype="float64")
+    samples = cavs.datasets.load_samples("tree_lstm", "train", limit=8)
+    results = {}
+    for share in (-1.0, 0.8):
+        monkeypatch.setattr(engine_module, "SUBSET_MAX_SHARE", share)
+        engine = cavs.Engine(model, backend="numpy", policy="alap")
+        results[share] = (*engine.loss_and_grads(model.make_batch(samples)), engine.counters.kernels.copy())
+    (full_loss, full_grads, full_kernels), (loss, grads, kernels) = results[-1.0], results[0.8]
+    assert kernels["matmul-rows"] > 0 and kernels["param_grad-rows"] > 0
+    assert not any(full_kernels[k] for k in SUBSET_KERNELS)
+    assert loss == pytest.approx(full_loss, rel=1e-13)
+    for name in full_grads:
+        assert_close(grads[name], full_grads[name], 1e-12, f"alap: d loss/d {name}")

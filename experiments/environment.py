@@ -102,12 +102,15 @@ def _run(cmd: list[str]) -> str:
 
 
 def git_revision() -> str:
-    """Short commit id, `-dirty` when the tree has changes; `uncommitted` before the first commit."""
+    """Short commit id, `-dirty` when the code has uncommitted changes; `uncommitted` before the
+    first commit. Changes under results/ do not count: a script that measures several things writes
+    a tracked CSV before its next measurement starts, and that is not a change of the code."""
     root = Path(__file__).resolve().parent.parent
     rev = _run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"])
     if not rev:
         return "uncommitted"
-    dirty = _run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
+    dirty = _run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":(exclude)results"])
     return rev + ("-dirty" if dirty else "")
 
 

@@ -101,11 +101,11 @@ def _run(cmd: list[str]) -> str:
         return ""
 
 
-def git_revision() -> str:
+def git_revision(root: Path | None = None) -> str:
     """Short commit id, `-dirty` when the code has uncommitted changes; `uncommitted` before the
     first commit. Changes under results/ do not count: a script that measures several things writes
     a tracked CSV before its next measurement starts, and that is not a change of the code."""
-    root = Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parent.parent
     rev = _run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"])
     if not rev:
         return "uncommitted"

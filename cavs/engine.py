@@ -192,22 +192,19 @@ class Engine:
             return self._scatter_grad_step(n)
         if op == "concat":
             return self._concat_step(n)
-        if n in self._bound:
-            return self._subset_fn(n)
         run = OPS[op].run
         ins = [(self._slot[i], i.is_param) for i in n.inputs]
         if OPS[op].kind == "reduce":
             grad = self._grads[n.attrs["param"]]
 
-            def reduce_step(a, b, t):
+            def step(a, b, t):
                 run(be, grad, *[A[s] if p else A[s][a:b] for s, p in ins])
                 kernels[op] += 1
-            return reduce_step
-
-        def step(a, b, t):
-            run(be, A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
-            kernels[op] += 1
-        return step
+        else:
+            def step(a, b, t):
+                run(be, A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
+                kernels[op] += 1
+        return self._subset_fn(n, step) if n in self._bound else step
 
     def _rows_with_children(self, n: Node, a: int, b: int):
         """The rows of [a, b) whose vertex has one of the children that bound n
@@ -222,11 +219,11 @@ class Engine:
             self._row_sets[key] = rows
         return None if rows is False else rows
 
-    def _subset_fn(self, n: Node):
+    def _subset_fn(self, n: Node, full_step):
         """A product or parameter gradient whose vertex input is zero on every row without
         certain children (support.row_bounds): where few rows have them, it multiplies those rows
         alone (copied out, and back into the output, whose other rows get zeros); the same
-        numbers as the product over all rows, without its multiplications by zero rows."""
+        numbers as `full_step` over all rows, without its multiplications by zero rows."""
         be, A, kernels, xp = self.backend, self._arrays, self.counters.kernels, self.xp
         o, op = self._slot[n], n.op
         run = OPS[op].run
@@ -237,8 +234,7 @@ class Engine:
         def subset_step(a, b, t):
             rows = self._rows_with_children(n, a, b)
             if rows is None:
-                run(be, grad if reduce else A[o][a:b], *[A[s] if p else A[s][a:b] for s, p in ins])
-                kernels[op] += 1
+                full_step(a, b, t)
                 return
             args = [A[s] if p else A[s][a:b][rows] for s, p in ins]
             if reduce:

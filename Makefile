@@ -15,7 +15,7 @@ RAY_ADDRESS ?=
 RUN_ARGS     = $(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS))
 EXP_ARGS     = $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(RUN_ARGS)
 
-.PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench bench-ci bench-ci-update gpu-check clean-venv
+.PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench nary targets bench-ci bench-ci-update gpu-check clean-venv
 
 venv: $(STAMP)
 
@@ -49,6 +49,14 @@ sst: $(STAMP)
 # the engine's speed against DyNet, TensorFlow, PyTorch by level and the GEMM floor
 bench: $(STAMP)
 	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.bench --results $$dir
+
+# the child-sum Tree-LSTM on n-ary trees against DyNet, 32 child slots against 4, and the floor: nary.csv
+nary: $(STAMP)
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.nary_bench --results $$dir
+
+# the speed targets of issues 11 and 15 against the floor and bound of bench.csv's and nary.csv's run
+targets: $(STAMP)
+	@dir=$(RESULTS_DIR) && $(PY) -m experiments.targets --results $$dir
 
 # the cpu profile's extrapolated epochs against whole (or 20x longer) measurements: extrapolation.csv
 extrapolation: $(STAMP)

@@ -8,7 +8,8 @@ autobatching, and Cavs with 32 child slots against 4 on trees that fit both.
 Workload: the first `--trees` (512) n-ary SST training trees (`cavs.datasets.sst_nary_trees`,
 file order), batches of 64, h = 256, embedding width 128, 5 classes, one SGD step per batch
 (lr 1.0, gradients clipped to a global norm of 5; the engine's default and DyNet's SimpleSGD with
-clip threshold 5). Cells:
+clip threshold 5), flush-to-zero and denormals-are-zero as the sweeps set them ($CAVS_FTZ, on by
+default; experiments/cell.py). Cells:
 
   cavs           examples/child_sum_tree_lstm.py, arity = the largest degree in the data
   dynet          the same model in DyNet with autobatching (agenda, DyNet's default), configured as
@@ -21,7 +22,12 @@ threadpoolctl and torch.set_num_threads(1)); one warm-up batch is stepped untime
 compiles Cavs's kernels); then `--passes` (2) passes over all batches, the fastest kept. Graph
 construction is included: Cavs's `model.make_batch` (checks, levels, schedule) and DyNet's
 per-batch expression graph are inside the timed step; `construct_s` reports that part alone.
-Writes RESULTS/nary.csv and prints a table.
+The floor (`floor_s`, per cell's trees): the multiply-adds the model needs, each product only on
+the rows that have its input (`x W` and `x Wf` at vertices with a word, `h_sum U` at vertices
+with children, `h_k Uf` once per actual child, the output layer at labelled vertices), times 3
+for training (forward, input gradient, weight gradient; the embedding is trained), at this
+machine's single-thread float32 GEMM rate (experiments.bench.matmul_rate, measured in this run).
+Writes RESULTS/nary.csv (with the git revision) and prints a table.
 """
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ CELLS = {                      # name -> (system, arity (None: the data's larges
 }
 FIELDS = ["cell", "system", "subset", "trees", "arity", "max_degree", "vertices", "hidden", "embed",
           "batch_size", "passes", "best_s", "pass_s", "construct_s", "trees_per_s", "first_loss", "last_loss",
-          "status"]
+          "floor_s", "over_floor", "matmul_gflops", "ftz", "status", "git_rev"]
 
 
 def child_sum():
@@ -69,6 +75,18 @@ def load_trees(count: int, subset: str):
         return cavs.datasets.sst_nary_trees("train", limit=count)
     trees = [g for g in cavs.datasets.sst_nary_trees("train", limit=count * 8) if degree(g) <= 4]
     return trees[:count]
+
+
+def needed_macs(trees, hidden: int, embed: int, classes: int = CLASSES) -> float:
+    """Training multiply-adds of the child-sum Tree-LSTM's products on `trees` (3 x forward),
+    each product only on the rows that have its input."""
+    H, E = hidden, embed
+    words = sum(int((g.tokens >= 0).sum()) for g in trees)
+    inner = sum(int((g.children >= 0).any(axis=1).sum()) for g in trees)
+    edges = sum(int((g.children >= 0).sum()) for g in trees)
+    labelled = sum(int((g.labels >= 0).sum()) for g in trees)
+    forward = words * E * 4 * H + inner * H * 3 * H + edges * H * H + labelled * H * classes
+    return 3.0 * forward
 
 
 def vocab_size() -> int:
@@ -169,6 +187,9 @@ def order_children_first(kids) -> list[int]:
 # ---------------------------------------------------------------- one cell (in its own process)
 
 def run_cell(spec: dict) -> dict:
+    from . import environment
+    ftz = environment.ftz_requested()               # $CAVS_FTZ, the harness's setting (default on)
+    environment.set_flush_denormals(ftz)            # first, before any framework starts a thread
     pin_one_thread()
     import numpy as np
     import cavs
@@ -193,7 +214,9 @@ def run_cell(spec: dict) -> dict:
         def step(graphs):
             return dynet.step(graphs)
     construct = [0.0]
+    environment.set_flush_denormals(ftz)                # whatever the system set (DyNet turns it on)
     step(batches[0])                                    # warm-up, untimed (compiles Cavs's kernels)
+    environment.set_flush_denormals(ftz)
     best, best_construct, losses, passes = float("inf"), 0.0, [], []
     for _ in range(spec["passes"]):
         construct[0] = 0.0
@@ -207,12 +230,16 @@ def run_cell(spec: dict) -> dict:
             best = elapsed
             best_construct = construct[0] if system == "cavs" else dynet.construct_s
     n = sum(len(b) for b in batches)
+    timed = [g for b in batches for g in b]
+    floor = needed_macs(timed, spec["hidden"], spec["embed"]) * 2 / spec["rate"]
     return {"cell": spec["cell"], "system": system, "subset": subset, "trees": n, "arity": arity,
             "max_degree": max_deg, "vertices": int(sum(g.num_vertices for b in batches for g in b)),
             "hidden": spec["hidden"], "embed": spec["embed"], "batch_size": bs, "passes": spec["passes"],
             "best_s": round(best, 4), "pass_s": " ".join(map(str, passes)), "construct_s": round(best_construct, 4),
             "trees_per_s": round(n / best, 2), "first_loss": round(float(losses[0]), 6),
-            "last_loss": round(float(np.mean(losses[-1])), 6), "status": "ok"}
+            "last_loss": round(float(np.mean(losses[-1])), 6), "floor_s": round(floor, 6),
+            "over_floor": round(best / floor, 3), "matmul_gflops": round(spec["rate"] / 1e9, 2),
+            "ftz": ftz, "status": "ok"}
 
 
 def check(args) -> dict:
@@ -232,9 +259,9 @@ def check(args) -> dict:
 
 # ---------------------------------------------------------------- the driver
 
-def measure(cell: str, args) -> dict:
+def measure(cell: str, args, rate: float) -> dict:
     spec = {"cell": cell, "trees": args.trees, "hidden": args.hidden, "embed": args.embed,
-            "batch_size": args.batch_size, "passes": args.passes}
+            "batch_size": args.batch_size, "passes": args.passes, "rate": rate}
     env = {**os.environ, **THREAD_ENV}
     try:
         proc = subprocess.run([sys.executable, "-m", "experiments.nary_bench", "--cell", json.dumps(spec)],
@@ -251,13 +278,14 @@ def measure(cell: str, args) -> dict:
 def table(rows: list[dict]) -> str:
     by = {r["cell"]: r for r in rows}
     lines = [f"{'cell':10} {'trees':>5} {'K':>3} {'maxdeg':>6} {'best s':>8} {'construct s':>11} "
-             f"{'trees/s':>8} {'loss':>8}  status"]
+             f"{'trees/s':>8} {'loss':>8} {'floor s':>8} {'/floor':>6}  status"]
     for r in rows:
         if r.get("status") != "ok":
             lines.append(f"{r['cell']:10} {r.get('status')}")
             continue
         lines.append(f"{r['cell']:10} {r['trees']:5d} {r['arity']:3d} {r['max_degree']:6d} {r['best_s']:8.3f} "
-                     f"{r['construct_s']:11.3f} {r['trees_per_s']:8.1f} {r['last_loss']:8.4f}  ok")
+                     f"{r['construct_s']:11.3f} {r['trees_per_s']:8.1f} {r['last_loss']:8.4f} {r['floor_s']:8.3f} "
+                     f"{r['over_floor']:6.2f}  ok")
     for a, b in (("dynet", "cavs"), ("cavs-k32", "cavs-k4")):
         if by.get(a, {}).get("status") == "ok" and by.get(b, {}).get("status") == "ok":
             lines.append(f"{a} / {b}: {by[a]['best_s'] / by[b]['best_s']:.2f}x")
@@ -287,9 +315,12 @@ def main(argv=None):
     unknown = set(cells) - set(CELLS)
     if unknown:
         ap.error(f"unknown cells {sorted(unknown)}; known: {', '.join(CELLS)}")
+    from .bench import matmul_rate
+    from .environment import git_revision
+    rate, rev = matmul_rate(), git_revision()
     rows = []
     for cell in cells:
-        rows.append(measure(cell, args))
+        rows.append({**measure(cell, args, rate), "git_rev": rev})
         print(f"{cell}: {rows[-1].get('status')}", flush=True)
     out = Path(args.results) / "nary.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -298,6 +329,7 @@ def main(argv=None):
         w.writeheader()
         w.writerows(rows)
     print(table(rows))
+    print(f"single-thread float32 matmul rate: {rate / 1e9:.1f} GFLOP/s")
     print(f"wrote {out}")
 
 

@@ -15,7 +15,7 @@ RAY_ADDRESS ?=
 RUN_ARGS     = $(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS))
 EXP_ARGS     = $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(RUN_ARGS)
 
-.PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench nary targets bench-ci bench-ci-update gpu-check clean-venv
+.PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench nary targets task-cost bench-ci bench-ci-update gpu-check clean-venv
 
 venv: $(STAMP)
 
@@ -57,6 +57,10 @@ nary: $(STAMP)
 # the speed targets of issues 11 and 15 against the floor and bound of bench.csv's and nary.csv's run
 targets: $(STAMP)
 	@dir=$(RESULTS_DIR) && $(PY) -m experiments.targets --results $$dir
+
+# a Tree-LSTM epoch split into products, construction and the fixed cost per loop task: task_cost.csv
+task-cost: $(STAMP)
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.task_cost --results $$dir
 
 # the cpu profile's extrapolated epochs against whole (or 20x longer) measurements: extrapolation.csv
 extrapolation: $(STAMP)

@@ -403,3 +403,12 @@ def test_nary_floor_counts_each_product_on_the_rows_that_have_its_input():
     H, E, C = 8, 6, 5
     words, inner, edges, labelled = 3, 1, 3, 3
     assert needed_macs([g], H, E, C) == 3 * (words * E * 4 * H + inner * H * 3 * H + edges * H * H + labelled * H * C)
+
+
+def test_task_cost_splits_compute_into_products_and_the_rest(tmp_path):
+    from experiments import task_cost
+    assert task_cost.main(["--hidden", "8", "--passes", "1", "--samples", "64", "--results", str(tmp_path)]) == 0
+    with open(tmp_path / "task_cost.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert int(row["gemm_calls"]) > 0 and int(row["loop_tasks"]) > 0 and int(row["launches"]) >= int(row["loop_tasks"])
+    assert float(row["gemm_s"]) + float(row["other_compute_s"]) == pytest.approx(float(row["timed_compute_s"]))

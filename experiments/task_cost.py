@@ -1,0 +1,120 @@
+"""Where a Tree-LSTM epoch's time goes per task: the engine's fixed cost per loop task (issue 15).
+
+    python -m experiments.task_cost [--hidden 64,256,512] [--results DIR]
+
+The bench workload (the first 512 SST training trees, file order, bs = 64, float32, one thread,
+the default engine). Per hidden size, in this process: one warm-up pass, then the fastest of
+`--passes` plain passes (graph construction `construct_s`, the engine's `compute_s`), then as
+many passes with every matmul timed (`engine.backend.gemm` wrapped; its own cost shows as the
+difference between the two passes' compute) and the tasks and launches counted. Reports per
+epoch: the products' time, the compute outside them, the loop tasks (forward and backward) and
+the launches (counters.kernels: products, fused kernels, copies, gathers, fills), and that
+remainder (the loop's elementwise kernels, gathers and copies, and the loss and the update)
+per loop task and per launch: the fixed cost the issue asks about, next to the products
+the task needs. Writes DIR/task_cost.csv.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+FIELDS = ["hidden", "passes", "epoch_s", "construct_s", "compute_s", "timed_compute_s", "gemm_s", "gemm_calls",
+          "other_compute_s", "loop_tasks", "launches", "launches_per_task", "other_us_per_task",
+          "other_us_per_launch", "git_rev"]
+
+
+def measure(hidden: int, passes: int, count: int = 512) -> dict:
+    import cavs
+    samples = cavs.datasets.load_samples("tree_lstm", limit=count)
+    model = cavs.models.build("tree_lstm", hidden=hidden)
+    engine = cavs.Engine(model, threads=1)
+    batches = [samples[i:i + 64] for i in range(0, len(samples) - 63, 64)]
+
+    def epoch():
+        engine.timings.construct_s = engine.timings.compute_s = engine.timings.memory_s = 0.0
+        t0, make_s = time.perf_counter(), 0.0
+        for b in batches:
+            t1 = time.perf_counter()
+            batch = model.make_batch(b)
+            make_s += time.perf_counter() - t1
+            engine.step(batch)
+        # construction: the batch (parse, checks, levels) and the engine's per-batch analysis
+        return time.perf_counter() - t0, make_s + engine.timings.construct_s, engine.timings.compute_s
+
+    epoch()                                                   # warm-up: kernels, buffers
+    plain = min(epoch() for _ in range(passes))
+
+    gemm = {"s": 0.0, "calls": 0}
+    untimed_gemm = engine.backend.gemm
+
+    def timed_gemm(*args, **kwargs):
+        t0 = time.perf_counter()
+        untimed_gemm(*args, **kwargs)
+        gemm["s"] += time.perf_counter() - t0
+        gemm["calls"] += 1
+
+    tasks = {"n": 0}
+    untimed_run = engine._run
+
+    def counted_run(plan, reverse=False):
+        tasks["n"] += len(plan["loop"])
+        return untimed_run(plan, reverse)
+
+    engine.backend.gemm, engine._run = timed_gemm, counted_run
+    best = None
+    for _ in range(passes):
+        gemm.update(s=0.0, calls=0)
+        tasks["n"], launches = 0, 0
+        engine.timings.construct_s = engine.timings.compute_s = 0.0
+        for b in batches:
+            engine.step(model.make_batch(b))
+            launches += engine.counters.total_kernels      # counters are reset per batch
+        run = (engine.timings.compute_s, gemm["s"], gemm["calls"], tasks["n"], launches)
+        if best is None or run[0] < best[0]:
+            best = run
+    engine.backend.gemm, engine._run = untimed_gemm, untimed_run
+    compute, gemm_s, calls, n_tasks, launches = best
+    other = compute - gemm_s
+    return {"hidden": hidden, "passes": passes, "epoch_s": plain[0], "construct_s": plain[1],
+            "compute_s": plain[2], "timed_compute_s": compute, "gemm_s": gemm_s, "gemm_calls": calls,
+            "other_compute_s": other, "loop_tasks": n_tasks, "launches": launches,
+            "launches_per_task": launches / n_tasks, "other_us_per_task": other / n_tasks * 1e6,
+            "other_us_per_launch": other / launches * 1e6}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", default="64,256,512")
+    ap.add_argument("--passes", type=int, default=3, help="passes per measurement (fastest kept)")
+    ap.add_argument("--samples", type=int, default=512, help="SST training trees (file order)")
+    ap.add_argument("--results", default="results")
+    args = ap.parse_args(argv)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(1)
+    from .environment import git_revision
+    rev = git_revision()
+    rows = [{**measure(int(h), args.passes, args.samples), "git_rev": rev} for h in args.hidden.split(",")]
+    out = Path(args.results) / "task_cost.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"{'h':>4} {'epoch s':>8} {'construct':>9} {'compute':>8} {'gemm':>7} {'calls':>6} {'other':>7} {'tasks':>6} "
+          f"{'launches':>8} {'per task':>8} {'us/task':>8} {'us/launch':>9}")
+    for r in rows:
+        print(f"{r['hidden']:4d} {r['epoch_s']:8.3f} {r['construct_s']:9.3f} {r['compute_s']:8.3f} {r['gemm_s']:7.3f} {r['gemm_calls']:6d} "
+              f"{r['other_compute_s']:7.3f} {r['loop_tasks']:6d} {r['launches']:8d} {r['launches_per_task']:8.1f} "
+              f"{r['other_us_per_task']:8.0f} {r['other_us_per_launch']:9.1f}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,9 +22,19 @@ import sys
 import time
 from pathlib import Path
 
+KINDS = ("forward", "input_grad", "weight_grad")   # out = x W;  dx = dy W^T;  dW += x^T dy
 FIELDS = ["hidden", "passes", "epoch_s", "construct_s", "compute_s", "timed_compute_s", "gemm_s", "gemm_calls",
+          *[f"{k}_{c}" for k in KINDS for c in ("s", "gflops")],
           "other_compute_s", "loop_tasks", "launches", "launches_per_task", "other_us_per_task",
           "other_us_per_launch", "git_rev"]
+
+
+def gemm_kind(a, b) -> str:
+    """Which product a gemm call is, from its operands' layout: a transposed operand is a view
+    with its rows adjacent in memory (x^T in a weight gradient, W^T in an input gradient)."""
+    if a.strides[0] < a.strides[1]:
+        return "weight_grad"
+    return "input_grad" if b.strides[0] < b.strides[1] else "forward"
 
 
 def measure(hidden: int, passes: int, count: int = 512) -> dict:
@@ -51,11 +61,15 @@ def measure(hidden: int, passes: int, count: int = 512) -> dict:
     gemm = {"s": 0.0, "calls": 0}
     untimed_gemm = engine.backend.gemm
 
-    def timed_gemm(*args, **kwargs):
+    def timed_gemm(out, a, b, *args, **kwargs):
         t0 = time.perf_counter()
-        untimed_gemm(*args, **kwargs)
-        gemm["s"] += time.perf_counter() - t0
+        untimed_gemm(out, a, b, *args, **kwargs)
+        dt = time.perf_counter() - t0
+        kind = gemm_kind(a, b)
+        gemm["s"] += dt
         gemm["calls"] += 1
+        gemm[kind + "_s"] += dt
+        gemm[kind + "_flop"] += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
 
     tasks = {"n": 0}
     untimed_run = engine._run
@@ -67,7 +81,7 @@ def measure(hidden: int, passes: int, count: int = 512) -> dict:
     engine.backend.gemm, engine._run = timed_gemm, counted_run
     best = None
     for _ in range(passes):
-        gemm.update(s=0.0, calls=0)
+        gemm.update(s=0.0, calls=0, **{f"{k}_{c}": 0.0 for k in KINDS for c in ("s", "flop")})
         tasks["n"], launches = 0, 0
         engine.timings.construct_s = engine.timings.compute_s = 0.0
         for b in batches:
@@ -76,11 +90,13 @@ def measure(hidden: int, passes: int, count: int = 512) -> dict:
         run = (engine.timings.compute_s, gemm["s"], gemm["calls"], tasks["n"], launches)
         if best is None or run[0] < best[0]:
             best = run
+            per_kind = {f"{k}_{c}": v for k in KINDS for c, v in
+                        (("s", gemm[k + "_s"]), ("gflops", gemm[k + "_flop"] / max(gemm[k + "_s"], 1e-12) / 1e9))}
     engine.backend.gemm, engine._run = untimed_gemm, untimed_run
     compute, gemm_s, calls, n_tasks, launches = best
     other = compute - gemm_s
     return {"hidden": hidden, "passes": passes, "epoch_s": plain[0], "construct_s": plain[1],
-            "compute_s": plain[2], "timed_compute_s": compute, "gemm_s": gemm_s, "gemm_calls": calls,
+            "compute_s": plain[2], "timed_compute_s": compute, "gemm_s": gemm_s, "gemm_calls": calls, **per_kind,
             "other_compute_s": other, "loop_tasks": n_tasks, "launches": launches,
             "launches_per_task": launches / n_tasks, "other_us_per_task": other / n_tasks * 1e6,
             "other_us_per_launch": other / launches * 1e6}
@@ -112,6 +128,9 @@ def main(argv=None) -> int:
         print(f"{r['hidden']:4d} {r['epoch_s']:8.3f} {r['construct_s']:9.3f} {r['compute_s']:8.3f} {r['gemm_s']:7.3f} {r['gemm_calls']:6d} "
               f"{r['other_compute_s']:7.3f} {r['loop_tasks']:6d} {r['launches']:8d} {r['launches_per_task']:8.1f} "
               f"{r['other_us_per_task']:8.0f} {r['other_us_per_launch']:9.1f}")
+    for r in rows:
+        print(f"h = {r['hidden']}: products by kind, seconds (GFLOP/s): " + ", ".join(
+            f"{k.replace('_', ' ')} {r[k + '_s']:.3f} ({r[k + '_gflops']:.1f})" for k in KINDS))
     print(f"wrote {out}")
     return 0
 

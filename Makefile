@@ -66,11 +66,15 @@ task-cost: $(STAMP)
 extrapolation: $(STAMP)
 	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.extrapolation --results $$dir
 
+# HEAD's engine against the baseline commit's (a git worktree), side by side, and Cavs's speedups over
+# the reference systems (checked only against a baseline of this machine kind); CI_ARGS: e.g. --rounds 1
+CI_ARGS     ?=
 bench-ci: $(STAMP)
-	$(PY) -m experiments.ci_bench check --results $(or $(RESULTS),results)/ci
+	$(PY) -m experiments.ci_bench check $(if $(RESULTS),--root $(RESULTS)) $(CI_ARGS)
 
+# records HEAD's commit, this machine's kind and its speedups in results/<kind>/ci/baseline.json
 bench-ci-update: $(STAMP)
-	$(PY) -m experiments.ci_bench update --results $(or $(RESULTS),results)/ci
+	$(PY) -m experiments.ci_bench update $(if $(RESULTS),--root $(RESULTS)) $(CI_ARGS)
 
 # on a GPU machine (CuPy and PyTorch preinstalled there): tests on CuPy + a short sweep into results/gpu
 gpu-check:

@@ -114,13 +114,15 @@ def git_revision(root: Path | None = None) -> str:
     return rev + ("-dirty" if dirty else "")
 
 
-def _cpu_model() -> str:
+def _cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model string, from the text of /proc/cpuinfo (read when not given)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
     except OSError:
-        pass
+        text = ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 

@@ -1,14 +1,20 @@
 """Machine kinds: the facts that decide whether two machines' timings may share one results directory.
 
-A kind is CPU model, core count, memory (GiB, rounded) and GPU model(s). Timings hold only for the kind
-of machine they came from, so a results directory holds one kind: its `environment.json` (and each CSV
-row's `machine` column) records it, a sweep refuses to add rows of another kind, and with no directory
-named, a machine of another kind measures into `results/<slug of its kind>/` of its own.
+A kind is the CPU (its model string, and the generation: vendor, family and model numbers from
+/proc/cpuinfo and the widest vector ISA it has), the core count, the memory (GiB, rounded) and the GPU
+model(s). The model string alone does not tell generations apart: these VMs report "AMD EPYC" for a
+2-core slice of an AVX2 EPYC (single-thread GEMMs at ~45 GFLOP/s) and of an AVX-512 one (130-240), whose
+timings and even cross-library ratios differ by 2x. Timings hold only for the kind of machine they came
+from, so a results directory holds one kind: its `environment.json` (and each CSV row's `machine`
+column) records it, a sweep refuses to add rows of another kind, and with no directory named, a machine
+of another kind measures into `results/<slug of its kind>/` of its own. A directory recorded before the
+generation was part of the kind is of an unknown generation: it matches no machine that knows its own.
 """
 from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import socket
@@ -16,13 +22,44 @@ import subprocess
 import sys
 from pathlib import Path
 
-KIND_KEYS = ("cpu_model", "cpu_count", "memory_gib", "gpu")
+KIND_KEYS = ("cpu_model", "cpu_vendor", "cpu_family", "cpu_model_number", "cpu_isa", "cpu_count", "memory_gib",
+             "gpu")
+# the CPU generation: a kind recorded without these is of an unknown generation (see differences)
+GENERATION_KEYS = ("cpu_vendor", "cpu_family", "cpu_model_number", "cpu_isa")
 ROOT = "results"                  # the committed reference machine's directory
 
+# the widest vector ISA, best first: /proc/cpuinfo flag (x86-64) or feature (AArch64) -> level
+_ISA_LEVELS = (("amx_tile", "amx"), ("avx512f", "avx512f"), ("avx2", "avx2"), ("avx", "avx"),
+               ("sse4_2", "sse4.2"), ("sve2", "sve2"), ("sve", "sve"), ("asimd", "neon"))
 
-def _cpu_model() -> str:
+
+def cpu_generation(cpuinfo: str | None = None) -> dict:
+    """{cpu_vendor, cpu_family, cpu_model_number, cpu_isa} from the text of /proc/cpuinfo (read when
+    not given); None where a fact cannot be read. On AArch64 the implementer and part numbers stand
+    for vendor and model."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:          # the first processor's block
+            fields[key.strip()] = value.strip()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    isa = next((level for flag, level in _ISA_LEVELS if flag in flags), None)
+    vendor = fields.get("vendor_id") or fields.get("CPU implementer")
+    family = fields.get("cpu family") or fields.get("CPU architecture")
+    model = fields.get("model") if "vendor_id" in fields else fields.get("CPU part")
+    if not fields:                                     # no /proc/cpuinfo: what the platform says
+        vendor = vendor or (platform.processor() or None)
+    return {"cpu_vendor": vendor, "cpu_family": family, "cpu_model_number": model, "cpu_isa": isa}
+
+
+def _cpu_model(cpuinfo: str | None = None) -> str:
     from .environment import _cpu_model as model      # one reader of /proc/cpuinfo
-    return model()
+    return model(cpuinfo)
 
 
 def _memory_gib() -> int | None:
@@ -58,9 +95,10 @@ def _gpu() -> str | None:
     return _gpu_from_names(out.splitlines())
 
 
-def kind() -> dict:
-    """This machine's kind."""
-    return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "memory_gib": _memory_gib(), "gpu": _gpu()}
+def kind(cpuinfo: str | None = None) -> dict:
+    """This machine's kind (`cpuinfo`: the text of a /proc/cpuinfo to read instead of this one's)."""
+    return {"cpu_model": _cpu_model(cpuinfo), **cpu_generation(cpuinfo), "cpu_count": os.cpu_count(),
+            "memory_gib": _memory_gib(), "gpu": _gpu()}
 
 
 def node() -> str:
@@ -68,16 +106,34 @@ def node() -> str:
     return socket.gethostname()
 
 
+def _generation(k: dict) -> str | None:
+    """'AuthenticAMD family 26 model 2, avx512f', or None for a kind recorded without it."""
+    if not any(k.get(key) for key in GENERATION_KEYS):
+        return None
+    return (f"{k.get('cpu_vendor') or '?'} family {k.get('cpu_family') or '?'} model "
+            f"{k.get('cpu_model_number') or '?'}, {k.get('cpu_isa') or '?'}")
+
+
 def label(k: dict) -> str:
-    """'AMD EPYC, 2 CPUs, 23 GiB, no GPU': a kind as one line (the CSV's `machine` column)."""
+    """'AMD EPYC (AuthenticAMD family 26 model 2, avx512f), 2 CPUs, 24 GiB, no GPU': a kind as one line
+    (the CSV's `machine` column); a kind recorded before the generation was known has no parentheses."""
     mem = f"{k['memory_gib']} GiB" if k.get("memory_gib") is not None else "? GiB"
-    return f"{k.get('cpu_model')}, {k.get('cpu_count')} CPUs, {mem}, {k.get('gpu') or 'no GPU'}"
+    gen = _generation(k)
+    cpu = f"{k.get('cpu_model')} ({gen})" if gen else f"{k.get('cpu_model')}"
+    return f"{cpu}, {k.get('cpu_count')} CPUs, {mem}, {k.get('gpu') or 'no GPU'}"
 
 
 def slug(k: dict) -> str:
-    """A directory name for a kind: 'amd-epyc-2cpu-23gib', '...-nvidia-h200'."""
+    """A directory name for a kind: 'amd-epyc-f26m2-avx512f-2cpu-24gib', '...-nvidia-h200'; a kind
+    recorded without its generation: 'amd-epyc-2cpu-24gib'."""
     model = re.sub(r"\((r|tm)\)|\bcpu\b|\bprocessor\b|@.*$", " ", str(k.get("cpu_model")).lower())
-    parts = [model, f"{k.get('cpu_count')}cpu", f"{k.get('memory_gib')}gib" if k.get("memory_gib") else "",
+    gen = ""
+    if _generation(k):
+        gen = f"f{k.get('cpu_family') or 'x'}m{k.get('cpu_model_number') or 'x'} {k.get('cpu_isa') or ''}"
+        vendor = re.sub(r"^(genuine|authentic)", "", str(k.get("cpu_vendor") or "").lower())
+        if vendor and vendor not in model:
+            gen = f"{vendor} {gen}"
+    parts = [model, gen, f"{k.get('cpu_count')}cpu", f"{k.get('memory_gib')}gib" if k.get("memory_gib") else "",
              k.get("gpu") or ""]
     text = re.sub(r"[^a-z0-9]+", "-", " ".join(parts).lower()).strip("-")
     return text or "this-machine"
@@ -95,8 +151,11 @@ def kind_of_environment(env: dict) -> dict:
 
 
 def differences(recorded: dict, ours: dict) -> list[str]:
-    """The kind's facts that differ, of those both record."""
-    return [k for k in KIND_KEYS if k in recorded and k in ours and recorded[k] != ours[k]]
+    """The kind's facts that differ: of those both record, and the generation wherever one side
+    lacks it (an unknown generation is not ours, whatever the model string says)."""
+    out = [k for k in KIND_KEYS if k not in GENERATION_KEYS and k in recorded and k in ours
+           and recorded[k] != ours[k]]
+    return out + [k for k in GENERATION_KEYS if recorded.get(k) != ours.get(k)]
 
 
 def recorded_kind(results_dir) -> dict | None:
@@ -124,7 +183,7 @@ def mismatch(results_dir, ours: dict) -> str | None:
         return None
     recorded = recorded_kind(results_dir)
     if recorded and differences(recorded, ours):
-        return label({k: recorded.get(k, "?") for k in KIND_KEYS})
+        return label(recorded)
     others = recorded_labels(results_dir) - {label(ours)}
     return "; ".join(sorted(others)) or None
 

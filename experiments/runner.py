@@ -111,20 +111,25 @@ def estimate_s(cells: list[dict], profile: Profile) -> float:
     return sum(estimated_cell_s(profile, c, EPOCH_SAMPLES[c["workload"]]) for c in cells)
 
 
-def cell_env(cell: dict) -> dict:
-    return dict(os.environ, **{v: str(cell["threads"]) for v in THREAD_VARS})
+def cell_env(cell: dict, root: Path | None = None) -> dict:
+    env = dict(os.environ, **{v: str(cell["threads"]) for v in THREAD_VARS})
+    if root is not None:          # the checkout's packages before the editable install's (this one)
+        env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
 
 
-def run_cell(cell: dict, time_limit_s: float, log_dir: Path) -> dict:
-    """Runs one cell in a fresh process; returns its result fields (status = ok / failed: why / timeout)."""
+def run_cell(cell: dict, time_limit_s: float, log_dir: Path, root: Path | None = None) -> dict:
+    """Runs one cell in a fresh process; returns its result fields (status = ok / failed: why / timeout).
+    `root`: the checkout whose harness and engine the cell imports (default: this one; `make bench-ci`
+    runs the baseline commit's from a worktree)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{cell['cell_id']}.log"
     spec = json.dumps(cell)
     with open(log, "w") as err:
         # its own process group: a timeout kills the cell and any worker processes it started
         proc = subprocess.Popen([sys.executable, "-m", "experiments.cell", spec], stdout=subprocess.PIPE,
-                                stderr=err, text=True, env=cell_env(cell), start_new_session=True,
-                                cwd=Path(__file__).resolve().parent.parent)
+                                stderr=err, text=True, env=cell_env(cell, root), start_new_session=True,
+                                cwd=root or Path(__file__).resolve().parent.parent)
         try:
             out, _ = proc.communicate(timeout=time_limit_s)
         except subprocess.TimeoutExpired:

@@ -116,3 +116,49 @@ def test_make_fig8_on_another_kind_of_machine_measures_into_its_own_directory(tm
     assert json.loads((tmp_path / own / "environment.json").read_text())["machine_kind"] == machine.kind()
     after = {k: v for k, v in snapshot(reference).items() if not k.startswith(own[len("results/"):] + "/")}
     assert after == before
+
+
+CPUINFO = """processor	: 0
+vendor_id	: AuthenticAMD
+cpu family	: {family}
+model		: 2
+model name	: AMD EPYC
+flags		: fpu sse2 sse4_2 avx avx2 fma {extra}
+
+processor	: 1
+vendor_id	: AuthenticAMD
+cpu family	: {family}
+model		: 2
+model name	: AMD EPYC
+flags		: fpu sse2 sse4_2 avx avx2 fma {extra}
+"""
+
+
+def test_cpu_generations_of_one_model_string_are_two_kinds():
+    """These VMs call every EPYC generation "AMD EPYC": the family (and ISA) must tell them apart."""
+    old = machine.kind(CPUINFO.format(family=25, extra="avx512f"))
+    new = machine.kind(CPUINFO.format(family=26, extra="avx512f"))
+    assert old["cpu_model"] == new["cpu_model"] == "AMD EPYC"
+    assert (old["cpu_vendor"], old["cpu_family"], old["cpu_model_number"], old["cpu_isa"]) == \
+        ("AuthenticAMD", "25", "2", "avx512f")
+    assert old != new and machine.differences(old, new) == ["cpu_family"]
+    assert machine.slug(old) != machine.slug(new) and machine.label(old) != machine.label(new)
+    assert machine.slug(new) == f"amd-epyc-f26m2-avx512f-{os.cpu_count()}cpu-{new['memory_gib']}gib"
+    assert machine.kind(CPUINFO.format(family=26, extra=""))["cpu_isa"] == "avx2"
+    assert machine.kind(CPUINFO.format(family=26, extra="avx512f amx_tile"))["cpu_isa"] == "amx"
+    arm = machine.kind("processor : 0\nFeatures : fp asimd sve\nCPU implementer : 0x41\n"
+                       "CPU architecture: 8\nCPU part : 0xd40\n")
+    assert (arm["cpu_vendor"], arm["cpu_family"], arm["cpu_model_number"], arm["cpu_isa"]) == \
+        ("0x41", "8", "0xd40", "sve")
+
+
+def test_a_directory_recorded_before_the_generation_was_known_is_another_kind(tmp_path):
+    """results/amd-epyc-2cpu-24gib/ was measured before the kind had the CPU family: whatever machine
+    reads it now, it cannot tell that the numbers are its own, so it measures into a directory of its own."""
+    ours = machine.kind()
+    legacy = {k: ours[k] for k in ("cpu_model", "cpu_count", "memory_gib", "gpu")}
+    (tmp_path / "environment.json").write_text(json.dumps({"machine_kind": legacy}))
+    assert machine.differences(legacy, ours) == list(machine.GENERATION_KEYS)
+    path, why = machine.default_results_dir(ours, tmp_path)
+    assert path == tmp_path / machine.slug(ours) and machine.slug(ours) != machine.slug(legacy)
+    assert machine.label(legacy) in why

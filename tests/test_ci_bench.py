@@ -1,0 +1,145 @@
+"""`make bench-ci`: HEAD's engine against the baseline commit's on this machine, and the cross-system
+speedups checked only against a baseline of this machine kind."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import ci_bench, machine
+
+ROOT = Path(__file__).resolve().parent.parent
+OTHER_KIND = {"cpu_model": "AMD EPYC", "cpu_vendor": "AuthenticAMD", "cpu_family": "25", "cpu_model_number": "1",
+              "cpu_isa": "avx2", "cpu_count": 2, "memory_gib": 24, "gpu": None}
+# one cheap cell per side: Tree-FC, L = 64, against DyNet
+SMALL = ["--workloads", "tree_fc", "--systems", "dynet", "--rounds", "1"]
+
+
+def test_code_comparison_fails_only_past_the_tolerance():
+    m = {"head": {"tree_fc": 1.10, "tree_lstm": 2.0}, "base": {"tree_fc": 1.0, "tree_lstm": 1.5},
+         "reference": {("tree_fc", "dynet"): 3.3}, "problems": []}
+    rows, ok = ci_bench.compare_code(m, 0.15)
+    assert not ok and [(r[0], r[4]) for r in rows] == [("tree_fc", "ok"), ("tree_lstm", "REGRESSION")]
+    rows, ok = ci_bench.compare_code({**m, "base": {"tree_fc": 1.0}}, 0.15)
+    assert not ok and rows[1][4] == "not measured"
+    merged = ci_bench.merge(m, {"head": {"tree_lstm": 1.6}, "base": {}, "reference": {("tree_fc", "dynet"): 3.0},
+                                "problems": ["x"]})
+    assert merged["head"] == {"tree_fc": 1.10, "tree_lstm": 1.6} and merged["problems"] == ["x"]
+    assert merged["reference"] == {("tree_fc", "dynet"): 3.0}
+    assert ci_bench.speedups(merged) == {"tree_fc/dynet": 3.0 / 1.10}
+
+
+def test_the_baseline_of_this_kind_wins_else_the_newest(tmp_path):
+    ours = machine.kind()
+    assert ci_bench.find_baseline(tmp_path, ours) == (None, None, False)
+    for name, kind, date in (("old-kind", OTHER_KIND, "2026-12-02"), ("older", {"cpu_model": "X"}, "2026-01-01")):
+        path = tmp_path / name / ci_bench.BASELINE
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"kind": kind, "date": date, "commit": name, "speedups": {}}))
+    path, data, same = ci_bench.find_baseline(tmp_path, ours)
+    assert data["commit"] == "old-kind" and not same                 # no baseline of ours: the newest
+    mine = ci_bench.baseline_path(tmp_path, ours)
+    mine.parent.mkdir(parents=True)
+    mine.write_text(json.dumps({"kind": ours, "date": "2020-01-01", "commit": "abc-dirty", "speedups": {}}))
+    path, data, same = ci_bench.find_baseline(tmp_path, ours)
+    assert path == mine and same and ci_bench.baseline_commit(data) == "abc"
+    (tmp_path / "broken" / "ci").mkdir(parents=True)
+    (tmp_path / "broken" / ci_bench.BASELINE).write_text("{not json")
+    assert ci_bench.find_baseline(tmp_path, ours)[0] == mine          # a corrupt file is skipped
+
+
+def test_a_commit_missing_from_the_clone_is_named():
+    with ci_bench.worktree("0" * 40) as (where, why):
+        assert where is None and "is not in this clone" in why
+
+
+def _git(repo: Path, *args):
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """A git repository holding this working tree (tracked and untracked files, results/ left out) as
+    one commit: what `make bench-ci` sees on a fresh clone of the tree under test."""
+    repo = tmp_path_factory.mktemp("ci") / "repo"
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z"],
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        src = ROOT / name
+        if name.startswith("results/") or not src.is_file():
+            continue
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, repo / name)
+    (repo / ".venv").symlink_to(Path(sys.prefix))          # the Python running the tests (.venv under make)
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "the tree under test")
+    return repo
+
+
+def _check(repo: Path, *args, env=None, make=False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(repo), **(env or {})}
+    cmd = (["make", "-o", ".venv/.installed", "bench-ci", f"CI_ARGS={' '.join(SMALL)}"] if make
+           else [sys.executable, "-m", "experiments.ci_bench", *args, *SMALL])
+    return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _write_baseline(repo: Path, kind: dict) -> None:
+    """The baseline `update` recorded, moved under the results directory of `kind`."""
+    ours = ci_bench.baseline_path(repo / "results", machine.kind())
+    data = json.loads(ours.read_text())
+    shutil.rmtree(repo / "results")
+    path = ci_bench.baseline_path(repo / "results", kind)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**data, "kind": kind}))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_bench_ci_passes_on_the_unchanged_tree_here_and_on_another_kind(clone):
+    proc = _check(clone, "update")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    recorded = json.loads(ci_bench.baseline_path(clone / "results", machine.kind()).read_text())
+    assert recorded["commit"] == commit.strip() and recorded["kind"] == machine.kind()
+    assert set(recorded["speedups"]) == {"tree_fc/dynet"} and recorded["cavs_epoch_s"]["tree_fc"] > 0
+
+    proc = _check(clone, make=True)                                   # this kind's baseline: both checks
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "HEAD's engine against commit" in proc.stdout and "against the baseline of this kind" in proc.stdout
+    assert "bench-ci: ok" in proc.stdout
+
+    _write_baseline(clone, OTHER_KIND)                                # the kind the check reads, rewritten
+    proc = _check(clone, make=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "HEAD's engine against commit" in proc.stdout and "no baseline for this kind" in proc.stdout
+    assert "tree_fc/dynet" in proc.stdout and "bench-ci: ok" in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_ci_fails_when_heads_engine_is_slower_than_the_baselines(clone):
+    """A commit that sleeps in every task of the loop (behind a variable only this test sets), checked
+    against the commit before it: the engine comparison fails, whatever the baseline's kind."""
+    base = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    path = clone / "results" / machine.slug(OTHER_KIND) / ci_bench.BASELINE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"commit": base, "kind": OTHER_KIND, "date": "2099-01-01", "speedups": {}}))
+    engine = clone / "cavs" / "engine.py"
+    text = engine.read_text()
+    anchor = "            for fn in loop[t]:\n"
+    assert anchor in text and "\nimport time\n" in text
+    text = text.replace("\nimport time\n", "\nimport os as _os\nimport time\n", 1)
+    engine.write_text(text.replace(anchor, "            time.sleep(float(_os.environ.get('CAVS_TEST_TASK_SLEEP_S', 0)))\n"
+                                   + anchor))
+    _git(clone, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "a sleep per task")
+    proc = _check(clone, "check", env={"CAVS_TEST_TASK_SLEEP_S": "0.005"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("tree_fc ")]
+    assert lines and all("REGRESSION" in line for line in lines), proc.stdout
+    assert "measuring once more" in proc.stdout and "bench-ci: FAILED" in proc.stdout

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import machine
+
 # label -> distribution names to try (the first one installed wins)
 LIBRARIES = {
     "numpy": ("numpy",), "numba": ("numba",), "numexpr": ("numexpr",), "torch": ("torch",),
@@ -114,18 +116,6 @@ def git_revision(root: Path | None = None) -> str:
     return rev + ("-dirty" if dirty else "")
 
 
-def _cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's model string, from the text of /proc/cpuinfo (read when not given)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def _version(dists) -> str | None:
     for dist in dists:
         try:
@@ -152,7 +142,7 @@ def collect(threads: int, profile: str) -> dict:
     gpu = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]) \
         if shutil.which("nvidia-smi") else ""
     return {
-        "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
+        "cpu_model": machine.cpu_model(), "cpu_count": os.cpu_count(), "machine_kind": machine.kind(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "gpu": gpu or None, "platform": platform.platform(), "python": sys.version.split()[0],
         "libraries": {name: _version(d) for name, d in LIBRARIES.items()},

@@ -37,11 +37,7 @@ def cpu_generation(cpuinfo: str | None = None) -> dict:
     """{cpu_vendor, cpu_family, cpu_model_number, cpu_isa} from the text of /proc/cpuinfo (read when
     not given); None where a fact cannot be read. On AArch64 the implementer and part numbers stand
     for vendor and model."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
+    cpuinfo = _cpuinfo() if cpuinfo is None else cpuinfo
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
@@ -57,9 +53,19 @@ def cpu_generation(cpuinfo: str | None = None) -> dict:
     return {"cpu_vendor": vendor, "cpu_family": family, "cpu_model_number": model, "cpu_isa": isa}
 
 
-def _cpu_model(cpuinfo: str | None = None) -> str:
-    from .environment import _cpu_model as model      # one reader of /proc/cpuinfo
-    return model(cpuinfo)
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model string, from the text of /proc/cpuinfo (read when not given)."""
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def _memory_gib() -> int | None:
@@ -97,7 +103,7 @@ def _gpu() -> str | None:
 
 def kind(cpuinfo: str | None = None) -> dict:
     """This machine's kind (`cpuinfo`: the text of a /proc/cpuinfo to read instead of this one's)."""
-    return {"cpu_model": _cpu_model(cpuinfo), **cpu_generation(cpuinfo), "cpu_count": os.cpu_count(),
+    return {"cpu_model": cpu_model(cpuinfo), **cpu_generation(cpuinfo), "cpu_count": os.cpu_count(),
             "memory_gib": _memory_gib(), "gpu": _gpu()}
 
 

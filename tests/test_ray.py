@@ -159,7 +159,7 @@ def test_nodes_of_two_kinds_are_refused_naming_them(cluster, tmp_path, monkeypat
     probes = [{"node": "n1", "kind": ours, "git_rev": "x"}, {"node": "n2", "kind": other, "git_rev": "x"}]
     with executors.RayExecutor() as executor:
         monkeypatch.setattr(executor, "_probe_nodes", lambda threads, device: probes)
-        with pytest.raises(SystemExit, match=r"n1: .*n2: Some Other CPU, 96 CPUs"):
+        with pytest.raises(SystemExit, match=r"n1: .*n2: Some Other CPU .*, 96 CPUs"):
             runner.run(fake_experiment(), get_profile("quick"), tmp_path, progress=False, executor=executor)
         probes[1] = {"node": "n2", "kind": ours, "git_rev": "other"}
         assert executor.check(1, "cpu", "x") == ours

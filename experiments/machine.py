@@ -26,7 +26,7 @@ KIND_KEYS = ("cpu_model", "cpu_vendor", "cpu_family", "cpu_model_number", "cpu_i
              "gpu")
 # the CPU generation: a kind recorded without these is of an unknown generation (see differences)
 GENERATION_KEYS = ("cpu_vendor", "cpu_family", "cpu_model_number", "cpu_isa")
-ROOT = "results"                  # the committed reference machine's directory
+ROOT = "results"                  # one directory per kind below it, and its index (README.md)
 
 # the widest vector ISA, best first: /proc/cpuinfo flag (x86-64) or feature (AArch64) -> level
 _ISA_LEVELS = (("amx_tile", "amx"), ("avx512f", "avx512f"), ("avx2", "avx2"), ("avx", "avx"),
@@ -204,15 +204,11 @@ def check_results_dir(results_dir, ours: dict, where: str = "this one") -> None:
 
 
 def default_results_dir(ours: dict, root=ROOT) -> tuple[Path, str]:
-    """Where a sweep with no directory named measures: `root` when it is empty or holds this kind's
-    results, else `root/<slug>` of this kind. Returns (directory, why)."""
-    root = Path(root)
-    theirs = mismatch(root, ours)
-    if theirs is None:
-        return root, f"{root} holds this kind's results ({label(ours)}) or none"
-    own = root / slug(ours)
-    return own, (f"{root} holds another machine's results ({theirs}); this machine ({label(ours)}) "
-                 f"measures into {own} of its own")
+    """Where a sweep with no directory named measures: `root/<slug>` of this kind, always (the root
+    holds only its index, results/README.md). Returns (directory, why)."""
+    own = Path(root) / slug(ours)
+    state = "holds this kind's results" if own.exists() else "is new: this kind has no results yet"
+    return own, f"{own} {state} ({label(ours)})"
 
 
 def check_nodes(kinds: dict[str, dict]) -> dict:

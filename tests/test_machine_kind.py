@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,18 +36,22 @@ def test_kind_label_and_slug():
     assert machine.kind_of_environment(old) == {"cpu_model": "X", "cpu_count": 8, "gpu": "2 x NVIDIA H200"}
 
 
-def test_default_directory_is_results_for_this_kind_else_its_own(tmp_path):
+def test_default_directory_is_always_this_kinds_own(tmp_path):
+    """The results root holds one directory per kind and its index, never rows of its own."""
     ours = machine.kind()
-    assert machine.default_results_dir(ours, tmp_path)[0] == tmp_path                    # empty: use it
-    (tmp_path / "environment.json").write_text(json.dumps({**OTHER}))
     path, why = machine.default_results_dir(ours, tmp_path)
-    assert path == tmp_path / machine.slug(ours) and "Another CPU" in why
+    assert path == tmp_path / machine.slug(ours) and "is new" in why                     # empty root
+    (tmp_path / "environment.json").write_text(json.dumps({**OTHER}))
+    assert machine.default_results_dir(ours, tmp_path)[0] == tmp_path / machine.slug(ours)
     with pytest.raises(SystemExit, match=r"holds results measured on another machine .* Measure into a "
                                          r"directory of your own"):
         machine.check_results_dir(tmp_path, ours)
-    (tmp_path / "environment.json").write_text(json.dumps({"machine_kind": ours}))
-    assert machine.default_results_dir(ours, tmp_path)[0] == tmp_path                    # this kind: use it
-    machine.check_results_dir(tmp_path, ours)
+    own = tmp_path / machine.slug(ours)
+    own.mkdir()
+    (own / "environment.json").write_text(json.dumps({"machine_kind": ours}))
+    path, why = machine.default_results_dir(ours, tmp_path)
+    assert path == own and "holds this kind's results" in why                           # this kind: use it
+    machine.check_results_dir(own, ours)
 
 
 def test_rows_of_another_kind_refuse_the_directory(tmp_path):
@@ -85,7 +90,7 @@ def test_results_dir_command(tmp_path, monkeypatch, capsys):
     (tmp_path / "results" / "environment.json").write_text(json.dumps(OTHER))
     assert experiments_main(["results-dir"]) == 0
     out, err = capsys.readouterr()
-    assert out.strip() == f"results/{machine.slug(machine.kind())}" and "Another CPU" in err
+    assert out.strip() == f"results/{machine.slug(machine.kind())}" and "this kind has no results yet" in err
     assert experiments_main(["results-dir", "--results", "mine"]) == 0 and capsys.readouterr().out == "mine\n"
 
 
@@ -107,7 +112,7 @@ def test_make_fig8_on_another_kind_of_machine_measures_into_its_own_directory(tm
     proc = subprocess.run(["make", "-o", ".venv/.installed", "fig8", "PROFILE=quick", "SYSTEMS=cavs"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert f"results in {own}" in proc.stdout and "another machine's results" in proc.stderr
+    assert f"results in {own}" in proc.stdout and "this kind has no results yet" in proc.stderr
     rows = results.read_rows(tmp_path / own / "fig8.csv")
     assert len(rows) == 16 and {r["system"] for r in rows} == {"cavs"}
     assert all(r["status"] == "ok" for r in rows), {r["status"] for r in rows}
@@ -154,11 +159,12 @@ def test_cpu_generations_of_one_model_string_are_two_kinds():
 
 def test_a_directory_recorded_before_the_generation_was_known_is_another_kind(tmp_path):
     """results/amd-epyc-2cpu-24gib/ was measured before the kind had the CPU family: whatever machine
-    reads it now, it cannot tell that the numbers are its own, so it measures into a directory of its own."""
+    reads it now, it cannot tell that the numbers are its own, so a sweep refuses to add to it and
+    measures into a directory of its own."""
     ours = machine.kind()
     legacy = {k: ours[k] for k in ("cpu_model", "cpu_count", "memory_gib", "gpu")}
     (tmp_path / "environment.json").write_text(json.dumps({"machine_kind": legacy}))
     assert machine.differences(legacy, ours) == list(machine.GENERATION_KEYS)
-    path, why = machine.default_results_dir(ours, tmp_path)
-    assert path == tmp_path / machine.slug(ours) and machine.slug(ours) != machine.slug(legacy)
-    assert machine.label(legacy) in why
+    with pytest.raises(SystemExit, match=re.escape(machine.label(legacy))):
+        machine.check_results_dir(tmp_path, ours)
+    assert machine.slug(ours) != machine.slug(legacy)

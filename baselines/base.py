@@ -18,42 +18,9 @@ step() returns that mean loss.
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-
 import numpy as np
 
-
-@dataclass
-class Timings:
-    """Seconds spent, split the way the paper splits them; None where a system cannot measure it."""
-    construct_s: float = 0.0          # building graphs / preprocessing / scheduling
-    compute_s: float = 0.0            # forward, backward, update
-    memory_s: float | None = None     # part of compute_s spent moving memory, where measurable
-    samples: int = 0
-    steps: int = 0
-    extra: dict = field(default_factory=dict)
-
-    def reset(self):
-        self.__init__(memory_s=None if self.memory_s is None else 0.0)
-
-    @contextmanager
-    def timing(self, attr: str, sync=None):
-        """Adds the block's wall time to `attr`; `sync()` is called before reading the clock (GPU)."""
-        if sync:
-            sync()
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if sync:
-                sync()
-            setattr(self, attr, (getattr(self, attr) or 0.0) + time.perf_counter() - t0)
-
-    @property
-    def total_s(self) -> float:
-        return self.construct_s + self.compute_s
+from cavs.memory import Timings          # the one Timings class: the engine and every system
 
 
 class System:

@@ -14,9 +14,7 @@
 
 The paper's four models are built the same way: `cavs.models.build("tree_lstm", hidden=64)`.
 """
-import sys
-
-from . import graphs, optim
+from . import graphs, optim, readers
 from .engine import Engine
 from .graphs import Graph, InputError
 from .model import Batch, Model
@@ -24,9 +22,5 @@ from .vertex import TraceError, concat, relu, sigmoid, tanh, trace
 from . import models  # noqa: E402  (the models use the public API above)
 from .models import datasets, workloads  # noqa: E402  (the four workloads' data and sizes)
 
-# `cavs.workloads` and `cavs.datasets` moved beside the models; the old import paths still work
-sys.modules[__name__ + ".workloads"] = workloads
-sys.modules[__name__ + ".datasets"] = datasets
-
 __all__ = ["Engine", "Model", "Graph", "Batch", "InputError", "TraceError", "optim", "concat", "relu",
-           "sigmoid", "tanh", "trace", "graphs", "models", "datasets", "workloads"]
+           "sigmoid", "tanh", "trace", "graphs", "readers", "models", "datasets", "workloads"]

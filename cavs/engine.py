@@ -24,7 +24,7 @@ from .backend import get_backend
 from .grad import GradientFunction
 from .loss import softmax, softmax_cross_entropy, warm_up as loss_warm_up
 from .model import EMBEDDING
-from .memory import Counters, DynamicTensor, LossPlan, MessagePlans, PullPlan
+from .memory import Counters, DynamicTensor, LossPlan, MessagePlans, PullPlan, Timings
 from .ops import OPS, Node
 from .scheduler import POLICIES
 from .support import COMPUTE, PASS, ROW_SUBSET_OPS, SKIP, ZERO, actions, ranges, row_bounds
@@ -67,11 +67,6 @@ class ParamView(MutableMapping):
         return len(self._e._params)
 
 
-class Timings:
-    def __init__(self):
-        self.construct_s = self.compute_s = self.memory_s = 0.0
-
-
 class Engine:
     """Batched training and inference of one model's vertex function over input graphs."""
 
@@ -105,7 +100,7 @@ class Engine:
         self._grads = {k: self.xp.zeros_like(v) for k, v in self._params.items() if k != EMBEDDING}
         self.optimizer.bind(self.xp, self._params)
         self.counters = Counters()
-        self.timings = Timings()
+        self.timings = Timings(memory_s=0.0)
         self._compile(model.F, model.dF)
 
     # ------------------------------------------------------------ compile: storage and phases

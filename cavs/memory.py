@@ -8,11 +8,14 @@ in backward. Because rows are in task order (scheduler.py), the state that a ver
 is simply its rows of the scattered symbol's tensor, and `pull`/`push` are views of the
 external buffers: memory is moved only by gather (children's states into a task's rows),
 the gradient scatter (its dual), the embedding lookup that fills the pull buffer at F's entry,
-and the loss reading pushed rows at F's exit. `Counters` records those bytes and every kernel.
+and the loss reading pushed rows at F's exit. `Counters` records those bytes and every kernel,
+`Timings` the seconds.
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +57,39 @@ class Counters:
     def reset(self):
         self.kernels.clear()
         self.bytes_moved.clear()
+
+
+@dataclass
+class Timings:
+    """Seconds spent, split the way the paper splits them; None where a system cannot measure it.
+    The engine keeps one (memory_s: its gather/scatter/pull/push), and so does every compared system
+    (baselines/base.py)."""
+    construct_s: float = 0.0          # building graphs / preprocessing / scheduling
+    compute_s: float = 0.0            # forward, backward, update
+    memory_s: float | None = None     # part of compute_s spent moving memory, where measurable
+    samples: int = 0
+    steps: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def reset(self):
+        self.__init__(memory_s=None if self.memory_s is None else 0.0)
+
+    @contextmanager
+    def timing(self, attr: str, sync=None):
+        """Adds the block's wall time to `attr`; `sync()` is called before reading the clock (GPU)."""
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if sync:
+                sync()
+            setattr(self, attr, (getattr(self, attr) or 0.0) + time.perf_counter() - t0)
+
+    @property
+    def total_s(self) -> float:
+        return self.construct_s + self.compute_s
 
 
 @dataclass

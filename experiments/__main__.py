@@ -87,7 +87,7 @@ def cmd_run(parser, args):
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     if args.dry_run:
-        profile = get_profile(args.profile or ("paper" if runner.gpu_present() else "cpu"))
+        profile = get_profile(args.profile or ("paper" if machine.gpu_present() else "cpu"))
         # every cell, installed or not: the estimate is for the full sweep
         cells = runner.plan(exp, profile, systems=args.systems, panels=args.panels, threads=args.threads,
                             check_available=False).cells

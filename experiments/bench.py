@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 
-from .cell import RESULT_MARK
+from .launch import RESULT_MARK
 
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}

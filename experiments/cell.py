@@ -38,20 +38,8 @@ import sys
 import time
 import traceback
 
-from . import environment
+from . import environment, launch
 
-RESULT_MARK = "CELL_RESULT "
-EXTRA_MARK = "CELL_EXTRA "
-
-
-def _die_with_parent():
-    """A runner killed with SIGKILL cannot stop its cells; Linux can: kill this process with it."""
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:                              # the parent died before prctl took effect
-        os._exit(1)
 
 
 def system_factory(name: str):
@@ -209,10 +197,7 @@ def gpu_peak_mb() -> float | None:
 # ---------------------------------------------------------------- the cell
 
 def _batches(spec):
-    try:
-        from cavs.datasets import load_samples, shuffled
-    except ImportError:                                 # the data sets' module moved under cavs.models
-        from cavs.models.datasets import load_samples, shuffled
+    from cavs.models.datasets import load_samples, shuffled
     bs = spec["batch_size"]
     samples = load_samples(spec["workload"], "train", leaves=spec["leaves"])
     if spec.get("order", "shuffled") == "shuffled":     # WORKLOADS.md; experiments.bench uses file order
@@ -311,7 +296,7 @@ def _columns(result: dict) -> dict:
 
 
 def main(argv):
-    _die_with_parent()
+    launch.die_with_parent()
     spec = json.loads(argv[1])
     ftz = environment.ftz_requested(spec.get("ftz"))
     environment.set_flush_denormals(ftz)            # first, before any framework starts a thread
@@ -323,8 +308,7 @@ def main(argv):
         traceback.print_exc()
         result = {"status": failure_reason(exc), "peak_rss_mb": round(peak_rss_mb(), 1)}
     extra["result"] = result
-    print(EXTRA_MARK + json.dumps(extra), flush=True)
-    print(RESULT_MARK + json.dumps(_columns(result)), flush=True)
+    launch.emit(_columns(result), extra)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where a sweep's cells run: here, one at a time (`local`, the default), or as Ray tasks on a cluster (`ray`).
 
-Either way each cell is the same `python -m experiments.cell` subprocess (runner.run_cell) under its time
+Either way each cell is the same `python -m experiments.cell` subprocess (launch.run_cell) under its time
 limit, and only the driver (the process running `python -m experiments run`) writes the results: a cell's
 row is appended when its result reaches the driver. With Ray:
 
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import environment, machine
+from . import environment, launch, machine
 
 RAY_INSTALL = ("the ray executor needs Ray: `.venv/bin/pip install -e '.[cluster]'` "
                "(or `pip install 'ray[client]==2.60.0'`)")
@@ -48,8 +48,7 @@ class LocalExecutor:
         return machine.kind()
 
     def gpu_present(self) -> bool:
-        from .runner import gpu_present
-        return gpu_present()
+        return machine.gpu_present()
 
     def environment(self, threads: int, profile: str) -> dict:
         return environment.collect(threads, profile)
@@ -59,12 +58,11 @@ class LocalExecutor:
 
     def run(self, cells, limit_s: float, log_dir: Path, may_start):
         """Yields (cell, result) as cells finish; starts no cell for which may_start(cell) is False."""
-        from .runner import run_cell
         ours = machine.label(machine.kind())
         for cell in cells:
             if not may_start(cell):
                 return
-            result = run_cell(cell, limit_s, log_dir)
+            result = launch.run_cell(cell, limit_s, log_dir)
             yield cell, {**result, "node": machine.node(), "machine": ours}
 
 
@@ -85,9 +83,8 @@ def _probe(threads: int, profile: str) -> dict:
 
 def _cell_task(cell: dict, limit_s: float) -> dict:
     """Runs on a node: one cell, as locally; its log (failed cells only) travels back with the result."""
-    from .runner import run_cell
     with tempfile.TemporaryDirectory(prefix="cavs-cell-") as tmp:
-        result = run_cell(cell, limit_s, Path(tmp))
+        result = launch.run_cell(cell, limit_s, Path(tmp))
         log = Path(tmp) / f"{cell['cell_id']}.log"
         text = log.read_text(errors="replace") if log.exists() else None
     return {**result, "node": machine.node(), "machine": machine.label(machine.kind()), "_log": text}

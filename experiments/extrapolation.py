@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import environment, runner
+from . import environment, launch, runner
 from .profiles import (DEFAULT_STARTUP_S, STARTUP_S, estimated_cell_s, get_profile, measured_samples,
                        sample_cost_s)
 
@@ -75,7 +75,7 @@ def check_cell(entry, results_dir: Path, slice_how: str, warmup_how: str) -> dic
            "git_rev": environment.git_revision(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     log_dir = results_dir / "logs"
     short = cell_spec(system, workload, bs, hidden, samples="cpu", slice_how=slice_how, warmup_how=warmup_how)
-    first = runner.run_cell(short, get_profile("cpu").time_limit_s, log_dir)
+    first = launch.run_cell(short, get_profile("cpu").time_limit_s, log_dir)
     if first["status"] != "ok":
         return {**row, "status": f"slice {first['status']}"}
     epoch = int(first["epoch_samples"])
@@ -83,7 +83,7 @@ def check_cell(entry, results_dir: Path, slice_how: str, warmup_how: str) -> dic
     # the reference: a contiguous block of the shuffled epoch (a plain random sample), or all of it
     ref = cell_spec(system, workload, bs, hidden, samples=n, slice_how="first", warmup_how=warmup_how)
     guess_s = first["total_s"] * (n or epoch) / first["samples"]
-    second = runner.run_cell(ref, 120 + 4 * guess_s, log_dir)
+    second = launch.run_cell(ref, 120 + 4 * guess_s, log_dir)
     if second["status"] != "ok":
         return {**row, "slice_samples": first["samples"], "status": f"long {second['status']}"}
     err = first["epoch_s"] / second["epoch_s"] - 1

@@ -107,6 +107,15 @@ def kind(cpuinfo: str | None = None) -> dict:
             "memory_gib": _memory_gib(), "gpu": _gpu()}
 
 
+def gpu_present() -> bool:
+    """Whether the engine's GPU backend can run here (CuPy and a CUDA device)."""
+    try:
+        from cavs.backend import gpu_available
+    except ImportError:
+        return False
+    return bool(gpu_available())
+
+
 def node() -> str:
     """The name a row records for the machine it ran on."""
     return socket.gethostname()

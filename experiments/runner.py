@@ -10,8 +10,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,8 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import environment, executors, machine, results
-from .cell import RESULT_MARK
+from . import environment, executors, launch, machine, results
 from .profiles import Profile, estimated_cell_s, measured_samples
 from .registry import SYSTEM_FACTS, Experiment
 
@@ -28,8 +25,6 @@ from .registry import SYSTEM_FACTS, Experiment
 KEY_FIELDS = ("experiment", "panel", "workload", "system", "variant", "mode", "batch_size", "hidden",
               "leaves", "threads", "device", "profile")
 EPOCH_SAMPLES = {"fixed_lstm": 14_524, "var_lstm": 42_068, "tree_fc": 8_192, "tree_lstm": 8_544}  # estimates only
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-               "NUMBA_NUM_THREADS")
 
 
 @dataclass
@@ -38,17 +33,9 @@ class Plan:
     skipped: dict[str, str] = field(default_factory=dict)      # system -> why it does not run here
 
 
-def gpu_present() -> bool:
-    try:
-        from cavs.backend import gpu_available
-    except ImportError:
-        return False
-    return bool(gpu_available())
-
-
 def resolve_device(profile: Profile) -> str:
     if profile.device == "auto":
-        return "cuda" if gpu_present() else "cpu"
+        return "cuda" if machine.gpu_present() else "cpu"
     return profile.device
 
 
@@ -109,44 +96,6 @@ def plan(experiment: Experiment, profile: Profile, *, systems=None, panels=None,
 
 def estimate_s(cells: list[dict], profile: Profile) -> float:
     return sum(estimated_cell_s(profile, c, EPOCH_SAMPLES[c["workload"]]) for c in cells)
-
-
-def cell_env(cell: dict, root: Path | None = None) -> dict:
-    env = dict(os.environ, **{v: str(cell["threads"]) for v in THREAD_VARS})
-    if root is not None:          # the checkout's packages before the editable install's (this one)
-        env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
-
-
-def run_cell(cell: dict, time_limit_s: float, log_dir: Path, root: Path | None = None) -> dict:
-    """Runs one cell in a fresh process; returns its result fields (status = ok / failed: why / timeout).
-    `root`: the checkout whose harness and engine the cell imports (default: this one; `make bench-ci`
-    runs the baseline commit's from a worktree)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{cell['cell_id']}.log"
-    spec = json.dumps(cell)
-    with open(log, "w") as err:
-        # its own process group: a timeout kills the cell and any worker processes it started
-        proc = subprocess.Popen([sys.executable, "-m", "experiments.cell", spec], stdout=subprocess.PIPE,
-                                stderr=err, text=True, env=cell_env(cell, root), start_new_session=True,
-                                cwd=root or Path(__file__).resolve().parent.parent)
-        try:
-            out, _ = proc.communicate(timeout=time_limit_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return {"status": "timeout"}
-    lines = [line for line in out.splitlines() if line.startswith(RESULT_MARK)]
-    if lines:
-        result = json.loads(lines[-1][len(RESULT_MARK):])
-    elif proc.returncode == -signal.SIGKILL:
-        result = {"status": "failed: killed by SIGKILL (out of memory?)"}
-    else:
-        tail = log.read_text().strip().splitlines()[-1:] or [""]
-        result = {"status": f"failed: exit code {proc.returncode}: {tail[0]}"[:300]}
-    if result["status"] == "ok":
-        log.unlink()                       # logs are kept for failed cells only
-    return result
 
 
 def _check_same_machine(results_dir: Path, kind: dict | None = None, where: str = "this one") -> None:

@@ -146,8 +146,8 @@ def _emit(record: dict) -> None:
 def run_worker(cfg: Config) -> None:
     from tqdm import tqdm
 
-    from cavs.datasets import load_samples
-    from cavs.workloads import init_params
+    from cavs.models.datasets import load_samples
+    from cavs.models.workloads import init_params
     from .sst_systems import make
 
     try:                      # the same numeric environment for every system: flush-to-zero on
@@ -218,8 +218,8 @@ def run_worker(cfg: Config) -> None:
 
 
 def _die_with_parent():
-    from .cell import _die_with_parent as die
-    die()
+    from .launch import die_with_parent
+    die_with_parent()
 
 
 def worker_main(spec: str) -> int:
@@ -231,8 +231,8 @@ def worker_main(spec: str) -> int:
 # ---------------------------------------------------------------- the driver
 
 def thread_env(threads: int) -> dict:
-    from .runner import THREAD_VARS
-    return dict(os.environ, **{v: str(threads) for v in THREAD_VARS})
+    from .launch import env
+    return env(threads)
 
 
 def run_system(cfg: Config, time_limit_s: float) -> tuple[list[dict], str]:

@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 from baselines import get_system  # noqa: E402
 from baselines.fold import merge, schedule  # noqa: E402
 from cavs import workloads  # noqa: E402
-from cavs.graphs import InputError, SourceLine, levels, parse_ptb_tree  # noqa: E402
+from cavs.graphs import InputError, levels  # noqa: E402
+from cavs.readers import SourceLine, parse_ptb_tree  # noqa: E402
 
 H = 5
 KW = dict(hidden=H, batch_size=4, seed=2, leaves=8)

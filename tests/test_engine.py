@@ -129,7 +129,7 @@ def test_known_zero_rows_are_not_computed():
 def test_malformed_tree_names_the_line(line, message):
     """Through the engine's own entry point (tests/test_graphs.py: the same lines in a batch)."""
     model = cavs.models.build("tree_lstm", hidden=4)
-    sample = cavs.graphs.SourceLine(line, "train.txt:42")
+    sample = cavs.readers.SourceLine(line, "train.txt:42")
     with pytest.raises(cavs.InputError, match=f"train.txt:42.*{re.escape(message)}"):
         model.make_batch([sample])
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from baselines.base import System
-from experiments import ci_bench, registry, results, runner
+from experiments import ci_bench, launch, registry, results, runner
 from experiments.__main__ import main as experiments_main
 from experiments.profiles import Profile, get_profile
 
@@ -331,7 +331,7 @@ def test_memory_table_and_figure_render_from_fig8_rows(tmp_path):
 def test_dynets_memory_movement_is_sampled_in_its_table2_cells():
     import importlib.util
     from experiments import environment
-    from experiments.cell import EXTRA_MARK
+    from experiments.launch import EXTRA_MARK
     if importlib.util.find_spec("dynet") is None:
         pytest.skip("dynet is not installed")
     status = environment.perf_status()
@@ -342,7 +342,7 @@ def test_dynets_memory_movement_is_sampled_in_its_table2_cells():
             "threads": 1, "device": "cpu", "profile": "test", "samples": 64, "warmup_batches": 1, "repeats": 1,
             "cell_id": "perf"}
     proc = subprocess.run([sys.executable, "-m", "experiments.cell", json.dumps(cell)], capture_output=True,
-                          text=True, timeout=300, env=runner.cell_env(cell), cwd=TESTS.parent)
+                          text=True, timeout=300, env=launch.env(cell["threads"]), cwd=TESTS.parent)
     extra = json.loads([x for x in proc.stdout.splitlines() if x.startswith(EXTRA_MARK)][-1][len(EXTRA_MARK):])
     result, prof = extra["result"], extra["memory_profile"]
     assert result["status"] == "ok" and prof["samples"] > 50, (prof, proc.stderr[-1500:])

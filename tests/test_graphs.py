@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import cavs
-from cavs.graphs import InputError, SourceLine, parse_ptb_tree, parse_ptb_trees
+from cavs.graphs import InputError
+from cavs.readers import SourceLine, parse_ptb_tree, parse_ptb_trees
 
 
 def same_graph(a, b):

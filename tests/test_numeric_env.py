@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from baselines import get_system, system_names
-from experiments import runner
-from experiments.cell import EXTRA_MARK, frameworks_of
+from experiments import launch, runner
+from experiments.cell import frameworks_of
+from experiments.launch import EXTRA_MARK
 from experiments.registry import SYSTEM_FACTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ def tiny_cell(system: str) -> dict:
 
 def run_tiny_cell(system: str, ftz: bool) -> dict:
     cell = tiny_cell(system)
-    env = dict(runner.cell_env(cell), CAVS_FTZ="1" if ftz else "0")
+    env = dict(launch.env(cell["threads"]), CAVS_FTZ="1" if ftz else "0")
     proc = subprocess.run([sys.executable, "-m", "experiments.cell", json.dumps(cell)], capture_output=True,
                           text=True, timeout=400, env=env, cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(EXTRA_MARK)]
@@ -74,7 +75,7 @@ def test_denormals_flushed_in_every_systems_computation(system, ftz):
 def test_the_option_reaches_the_cells_through_the_environment(monkeypatch):
     """`CAVS_FTZ=0 python -m experiments run ...` (Makefile FTZ=0): the runner passes its environment on."""
     monkeypatch.setenv("CAVS_FTZ", "0")
-    assert runner.cell_env(tiny_cell("cavs"))["CAVS_FTZ"] == "0"
+    assert launch.env(tiny_cell("cavs")["threads"])["CAVS_FTZ"] == "0"
     from experiments import environment
     assert environment.numeric_record()["ftz"] is False
     monkeypatch.delenv("CAVS_FTZ")

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cavs.datasets import load_samples
-from cavs.workloads import init_params
+from cavs.models.datasets import load_samples
+from cavs.models.workloads import init_params
 from experiments import sst
 from experiments.sst_systems import make
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..graphs import InputError, SourceLine
+from ..graphs import InputError
+from ..readers import SourceLine
 
 DATA_DIR = Path(os.environ.get("CAVS_DATA", Path(__file__).resolve().parents[2] / "data"))
 FIXED_T = 64
@@ -48,7 +49,7 @@ def sst_lines(split: str) -> tuple[SourceLine, ...]:
 @functools.lru_cache(maxsize=None)
 def sst_vocab() -> dict[str, int]:
     """Lower-cased words of the SST training trees, ids 1..V in sorted order; 0 is unknown."""
-    from ..graphs import parse_ptb_tree
+    from ..readers import parse_ptb_tree
     words = set()
     for line in sst_lines("train"):
         _, leaf_words = parse_ptb_tree(line, None, line.origin)
@@ -126,7 +127,8 @@ def sst_nary_trees(split: str = "train", limit: int | None = None, splice: float
     models of variable arity: each internal vertex but the root is spliced out with probability
     `splice` (its children join its parent's, in order), drawn from `default_rng(seed)`. With
     0.6 most vertices keep 2-3 children and long flat phrases reach 20-30."""
-    from ..graphs import Graph, parse_ptb_tree
+    from ..graphs import Graph
+    from ..readers import parse_ptb_tree
     rng = np.random.default_rng(seed)
     vocab = sst_vocab()
     out = []

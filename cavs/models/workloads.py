@@ -10,7 +10,8 @@ import numpy as np
 
 from . import datasets
 from ..model import initial_values
-from ..graphs import Graph, InputError, chain, complete_binary_tree, origin_of, parse_ptb_tree, parse_ptb_trees
+from ..graphs import Graph, InputError
+from ..readers import chain, complete_binary_tree, origin_of, parse_ptb_tree, parse_ptb_trees
 
 WORKLOADS = ("fixed_lstm", "var_lstm", "tree_fc", "tree_lstm")
 # WORKLOADS.md's training rule (revised): SGD on the mean of the batch's loss terms, lr 1.0,

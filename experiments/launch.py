@@ -1,0 +1,138 @@
+"""How every measurement process is started, pinned and read back: the sweeps' cells (runner,
+executors, ci_bench) and the studies' (experiments/studies/) use these helpers alone.
+
+- `env(threads)`: the environment of a measuring process, every BLAS and OpenMP pool pinned to
+  `threads` (and `root`'s packages first on its path, for a checkout of another commit).
+- `pin_threads(threads)`: the same inside a process that is already running (threadpoolctl, torch).
+- `die_with_parent()`: first call of a measuring process; it dies when the process that started it
+  dies, even by SIGKILL (PR_SET_PDEATHSIG), so a killed driver leaves no cell running behind it.
+- `emit(result)` / `run(...)`: a measuring process prints one `CELL_RESULT {json}` line; `run`
+  starts one (`python -m MODULE ARGS...`) in its own process group under a time limit, keeps its
+  stderr in a log, and returns that result, or {"status": "failed: ..."} / {"status": "timeout"}.
+- `write_rows(path, rows)`: a study's CSV, written whole to a temporary file and renamed over.
+"""
+from __future__ import annotations
+
+import csv
+import ctypes
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT_MARK = "CELL_RESULT "
+EXTRA_MARK = "CELL_EXTRA "
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+               "NUMBA_NUM_THREADS")
+PR_SET_PDEATHSIG = 1
+
+
+def env(threads: int = 1, root: Path | None = None, base: dict | None = None) -> dict:
+    """The environment of a measuring process: `base` (default os.environ) with every thread pool
+    pinned to `threads`; with `root`, that checkout's packages come first on the import path."""
+    out = dict(os.environ if base is None else base, **{v: str(threads) for v in THREAD_VARS})
+    if root is not None:          # a checkout's packages before the editable install's (this one)
+        out["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in [out.get("PYTHONPATH")] if p])
+    return out
+
+
+def pin_threads(threads: int = 1) -> None:
+    """Pins this process's BLAS/OpenMP pools (threadpoolctl) and PyTorch's intra-op pool."""
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(threads)
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch
+        except ImportError:
+            return
+    torch.set_num_threads(threads)
+
+
+def die_with_parent() -> None:
+    """This process gets SIGKILL when its parent dies (Linux); exits at once if it already has."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:             # the parent died before prctl took effect
+        os._exit(1)
+
+
+def emit(result: dict, extra: dict | None = None) -> None:
+    """A measuring process's answer: its extra details, then its result line (the last one counts)."""
+    if extra is not None:
+        print(EXTRA_MARK + json.dumps(extra), flush=True)
+    print(RESULT_MARK + json.dumps(result), flush=True)
+
+
+def parse(stdout: str) -> dict | None:
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_MARK)]
+    return json.loads(lines[-1][len(RESULT_MARK):]) if lines else None
+
+
+def run(module: str, args: list[str], *, threads: int = 1, time_limit_s: float | None = None,
+        log: Path | None = None, root: Path | None = None, environ: dict | None = None) -> dict:
+    """`python -m module *args` from checkout `root` (default: this one) in its own process group,
+    pinned to `threads`; its result line, or why there is none. stderr goes to `log` (kept only when
+    the result is not ok) or, without one, is read back for the reason of a failure."""
+    cmd = [sys.executable, "-m", module, *args]
+    where = root or REPO
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    err = open(log, "w") if log is not None else subprocess.PIPE
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=env(threads, root, environ), start_new_session=True, cwd=where)
+        try:
+            out, stderr = proc.communicate(timeout=time_limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)       # the cell and any workers it started
+            proc.communicate()
+            return {"status": "timeout"}
+        finally:
+            if proc.poll() is None:                    # the driver itself is being stopped
+                os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if log is not None:
+            err.close()
+    result = parse(out)
+    if result is None:
+        if proc.returncode == -signal.SIGKILL:
+            result = {"status": "failed: killed by SIGKILL (out of memory?)"}
+        else:
+            text = log.read_text(errors="replace") if log is not None else (stderr or "")
+            tail = text.strip().splitlines()[-1:] or [""]
+            result = {"status": f"failed: exit code {proc.returncode}: {tail[0]}"[:300]}
+    if log is not None and result.get("status") == "ok":
+        log.unlink(missing_ok=True)                    # logs are kept for failed cells only
+    return result
+
+
+def run_cell(cell: dict, time_limit_s: float, log_dir: Path, root: Path | None = None) -> dict:
+    """One sweep cell (`python -m experiments.cell SPEC`) in a fresh process: its result fields
+    (status = ok / failed: why / timeout). `root`: the checkout whose harness and engine it imports
+    (default: this one; `make bench-ci` runs the baseline commit's from a worktree)."""
+    return run("experiments.cell", [json.dumps(cell)], threads=cell["threads"], time_limit_s=time_limit_s,
+               log=Path(log_dir) / f"{cell['cell_id']}.log", root=root)
+
+
+def write_rows(path: Path, rows: list[dict], fields: list[str] | None = None) -> Path:
+    """A study's CSV: `rows` under `fields` (default: every key, in first-seen order), written to a
+    temporary file and renamed over, so a reader never sees half a file."""
+    path = Path(path)
+    fields = fields or list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(buf.getvalue())
+    os.replace(tmp, path)
+    return path

@@ -29,6 +29,7 @@ EXTRA_MARK = "CELL_EXTRA "
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                "NUMBA_NUM_THREADS")
 PR_SET_PDEATHSIG = 1
+PARENT_VAR = "CAVS_PARENT_PID"         # the launching process's pid, for die_with_parent
 
 
 def env(threads: int = 1, root: Path | None = None, base: dict | None = None) -> dict:
@@ -54,14 +55,15 @@ def pin_threads(threads: int = 1) -> None:
 
 
 def die_with_parent() -> None:
-    """This process gets SIGKILL when its parent dies (Linux); exits at once if it already has."""
-    parent = os.getppid()
+    """This process gets SIGKILL when its parent dies (Linux); exits at once if it already has
+    (`run` passes its pid in PARENT_VAR: an orphan may be adopted by a subreaper, not by pid 1)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:             # the parent died before prctl took effect
-        os._exit(1)
+    expected = os.environ.get(PARENT_VAR)
+    if (expected and os.getppid() != int(expected)) or os.getppid() == 1:
+        os._exit(1)                        # the parent died before prctl took effect
 
 
 def emit(result: dict, extra: dict | None = None) -> None:
@@ -88,7 +90,8 @@ def run(module: str, args: list[str], *, threads: int = 1, time_limit_s: float |
     err = open(log, "w") if log is not None else subprocess.PIPE
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=env(threads, root, environ), start_new_session=True, cwd=where)
+                                env={**env(threads, root, environ), PARENT_VAR: str(os.getpid())},
+                                start_new_session=True, cwd=where)
         try:
             out, stderr = proc.communicate(timeout=time_limit_s)
         except subprocess.TimeoutExpired:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import csv
 import fcntl
 import io
+import json
 import os
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -35,6 +38,39 @@ def _locked(path: Path):
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+SWEEP_LOCK = "sweep.lock"
+
+
+@contextmanager
+def exclusive(results_dir, what: str):
+    """Holds `results_dir`'s sweep lock for the block: one measuring run per directory at a time.
+
+    Two sweeps into one directory would run the same cells at once (the same log files, each the
+    other's load) and measure nothing worth keeping, so the second is refused, naming the first (its
+    pid, command and start time). The lock is an flock on RESULTS/sweep.lock: the kernel releases it
+    when its holder dies, however it dies, so a lock left by a killed driver is simply taken over."""
+    path = Path(results_dir) / SWEEP_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+            except ValueError:
+                holder = {}
+            sys.exit(f"{results_dir} is in use by another run: {holder.get('what', '?')} (pid "
+                     f"{holder.get('pid', '?')}, started {holder.get('started', '?')}); wait for it to "
+                     f"finish or stop it, then run again (a rerun resumes where it stopped)")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "what": what,
+                                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}).encode(), 0)
+        yield
+    finally:
+        os.close(fd)          # releases the lock (and the kernel would, were this process killed)
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -126,6 +126,14 @@ def run(experiment: Experiment, profile: Profile, results_dir, *, systems=None, 
     `executor`: executors.LocalExecutor() (the default) or an entered executors.RayExecutor."""
     executor = executor or executors.LocalExecutor()
     results_dir = Path(results_dir)
+    with results.exclusive(results_dir, f"the {experiment.name} sweep ({profile.name} profile)"):
+        return _run(experiment, profile, results_dir, systems=systems, panels=panels, threads=threads,
+                    time_limit_s=time_limit_s, budget_s=budget_s, retry_failed=retry_failed, progress=progress,
+                    executor=executor)
+
+
+def _run(experiment, profile, results_dir, *, systems, panels, threads, time_limit_s, budget_s, retry_failed,
+         progress, executor) -> dict:
     path = results.csv_path(results_dir, experiment.name)
     device = "cuda" if profile.device == "cuda" or (profile.device == "auto" and executor.gpu_present()) else "cpu"
     the_plan = plan(experiment, profile, systems=systems, panels=panels, threads=threads, device=device)

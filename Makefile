@@ -15,7 +15,7 @@ RAY_ADDRESS ?=
 RUN_ARGS     = $(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS))
 EXP_ARGS     = $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(RUN_ARGS)
 
-.PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench nary targets task-cost bench-ci bench-ci-update gpu-check clean-venv
+.PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench nary targets task-cost bench-ci bench-ci-update gpu-check report clean-venv
 
 venv: $(STAMP)
 
@@ -80,6 +80,10 @@ bench-ci-update: $(STAMP)
 gpu-check:
 	CAVS_BACKEND=cupy python3 -m pytest -q -x tests
 	python3 -m experiments run fig8 --profile gpu-quick --results results/gpu
+
+# results/<kind>/REPORT.md for every kind directory (RESULTS=<dir>: that one only)
+report: $(STAMP)
+	$(PY) -m plots.report $(if $(RESULTS),--results $(RESULTS),--all)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -241,7 +241,11 @@ def commits(df: pd.DataFrame, column: str = "git_rev") -> str:
     if column not in df or df[column].isna().all():
         return "not recorded in the file"
     counts = df[column].fillna("not recorded").astype(str).str.strip().value_counts()
-    return ", ".join(f"`{rev}` ({n} row{'s' if n != 1 else ''})" for rev, n in counts.items())
+    return ", ".join(f"`{rev}` ({_rows(n)})" for rev, n in counts.items())
+
+
+def _rows(n: int) -> str:
+    return f"{n} row{'s' if n != 1 else ''}"
 
 
 def _ordered(values, order) -> list:
@@ -333,7 +337,7 @@ def sweep_section(results: Path, sweep: Sweep) -> list[str]:
     raw = read_csv(path)
     lines = [f"## {sweep.title}", "", sweep.what, ""]
     lines += _figure_lines(results, sweep.name, sweep.title)
-    lines += [f"Source: `{path.name}`, {len(raw)} rows. Measured at: {commits(raw)}.", ""]
+    lines += [f"Source: `{path.name}`, {_rows(len(raw))}. Measured at: {commits(raw)}.", ""]
     try:
         ok, failed, profile = load(results, sweep.name)
     except ValueError as exc:
@@ -376,12 +380,12 @@ def study_section(results: Path, study: Study) -> list[str]:
     lines += _figure_lines(results, study.figure or study.name, study.title)
     if path.suffix == ".md":
         df = _markdown_table(path.read_text())
-        lines += [f"Source: `{path.name}`, {len(df)} rows. Measured at: {commits(df, 'commit')}.", ""]
+        lines += [f"Source: `{path.name}`, {_rows(len(df))}. Measured at: {commits(df, 'commit')}.", ""]
         # the tracker's issue numbers mean nothing to a reader of the report
         df = df.drop(columns=[c for c in df.columns if c.lower() == "issue"])
         return lines + ([markdown(df), ""] if len(df) else [])
     df = read_csv(path)
-    lines += [f"Source: `{path.name}`, {len(df)} rows. Measured at: {commits(df)}.", ""]
+    lines += [f"Source: `{path.name}`, {_rows(len(df))}. Measured at: {commits(df)}.", ""]
     if "status" in df and (df["status"].astype(str) != SWEEP_STATUS_OK).any():
         bad = df["status"].astype(str)[df["status"].astype(str) != SWEEP_STATUS_OK]
         lines += ["Not ok: " + ", ".join(f"{n} {s}" for s, n in bad.value_counts().items()) + ".", ""]
@@ -445,7 +449,7 @@ def others_section(results: Path) -> list[str]:
     for p in extra:
         if p.suffix == ".csv":
             df = read_csv(p)
-            lines.append(f"- `{p.name}`: {len(df)} rows, measured at {commits(df)}.")
+            lines.append(f"- `{p.name}`: {_rows(len(df))}, measured at: {commits(df)}.")
         else:
             lines.append(f"- `{p.name}`")
     return lines + [""]

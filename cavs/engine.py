@@ -18,6 +18,7 @@ from collections.abc import MutableMapping
 
 import numpy as np
 
+from . import blas as cpu_blas
 from . import fusion, optim
 from .analysis import PHASES, affine_sums, concat_homes, phases
 from .backend import get_backend
@@ -73,7 +74,7 @@ class Engine:
     def __init__(self, model, backend: str | None = None, policy: str = "batched", *,
                  optimizer: "optim.Optimizer | None" = None,
                  lazy: bool = True, eager: bool = True, fusion: bool | None = None,
-                 streaming: bool | None = None, threads: int | None = None):
+                 streaming: bool | None = None, threads: int | None = None, blas: str | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
         self.model, self.policy = model, policy
@@ -99,9 +100,31 @@ class Engine:
         # the embedding's gradient is per row read (sparse), see _backward
         self._grads = {k: self.xp.zeros_like(v) for k, v in self._params.items() if k != EMBEDDING}
         self.optimizer.bind(self.xp, self._params)
+        if self.backend.name == "numpy":     # the fastest library per product shape (blas.py), measured once
+            self.backend.use_gemm(cpu_blas.choose(self._gemm_keys(model), self.dtype, threads, blas))
+        elif blas not in (None, "auto"):
+            raise ValueError(f"blas={blas!r} chooses among CPU libraries; the {self.backend.name} backend "
+                             f"multiplies with {self.backend.blas}")
         self.counters = Counters()
         self.timings = Timings(memory_s=0.0)
         self._compile(model.F, model.dF)
+
+    @staticmethod
+    def _gemm_keys(model) -> list[tuple]:
+        """The products this model's tasks and head run, as blas keys over every row class:
+        x W and dy W^T per matmul, x^T dy per parameter gradient."""
+        shapes = set()
+        for n in model.F.nodes + model.dF.nodes:
+            if n.op == "matmul":
+                shapes.add(("nn", *n.inputs[1].shape))
+            elif n.op == "matmul_t":
+                k, m = n.inputs[1].shape
+                shapes.add(("nt", m, k))
+            elif n.op == "param_grad":
+                shapes.add(("tn", *n.attrs["shape"]))
+        h, c = model.param_shapes["Wout"]
+        shapes |= {("nn", h, c), ("nt", c, h), ("tn", h, c)}
+        return [(layout, rows, inner, outer) for layout, inner, outer in shapes for rows in cpu_blas.ROW_CLASSES]
 
     # ------------------------------------------------------------ compile: storage and phases
 
@@ -396,6 +419,7 @@ class Engine:
         """This batch's schedule and plans (cached on the batch). `predict` computes the pushed
         output at every vertex, not only where a label is."""
         t0 = time.perf_counter()
+        self.backend.new_pass()             # parameters may have changed: packed weights are stale
         be, key = self.backend.name, (self.policy, id(self.model), predict)
         self._sched = batch.schedule(self.policy)
         self._row_sets = {}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -22,51 +21,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cavs.backend.cpu import cpu_generation, cpu_model     # one reader of /proc/cpuinfo
+
 KIND_KEYS = ("cpu_model", "cpu_vendor", "cpu_family", "cpu_model_number", "cpu_isa", "cpu_count", "memory_gib",
              "gpu")
 # the CPU generation: a kind recorded without these is of an unknown generation (see differences)
 GENERATION_KEYS = ("cpu_vendor", "cpu_family", "cpu_model_number", "cpu_isa")
 ROOT = "results"                  # one directory per kind below it, and its index (README.md)
-
-# the widest vector ISA, best first: /proc/cpuinfo flag (x86-64) or feature (AArch64) -> level
-_ISA_LEVELS = (("amx_tile", "amx"), ("avx512f", "avx512f"), ("avx2", "avx2"), ("avx", "avx"),
-               ("sse4_2", "sse4.2"), ("sve2", "sve2"), ("sve", "sve"), ("asimd", "neon"))
-
-
-def cpu_generation(cpuinfo: str | None = None) -> dict:
-    """{cpu_vendor, cpu_family, cpu_model_number, cpu_isa} from the text of /proc/cpuinfo (read when
-    not given); None where a fact cannot be read. On AArch64 the implementer and part numbers stand
-    for vendor and model."""
-    cpuinfo = _cpuinfo() if cpuinfo is None else cpuinfo
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in fields:          # the first processor's block
-            fields[key.strip()] = value.strip()
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    isa = next((level for flag, level in _ISA_LEVELS if flag in flags), None)
-    vendor = fields.get("vendor_id") or fields.get("CPU implementer")
-    family = fields.get("cpu family") or fields.get("CPU architecture")
-    model = fields.get("model") if "vendor_id" in fields else fields.get("CPU part")
-    if not fields:                                     # no /proc/cpuinfo: what the platform says
-        vendor = vendor or (platform.processor() or None)
-    return {"cpu_vendor": vendor, "cpu_family": family, "cpu_model_number": model, "cpu_isa": isa}
-
-
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-
-
-def cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's model string, from the text of /proc/cpuinfo (read when not given)."""
-    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
 
 def _memory_gib() -> int | None:
     try:

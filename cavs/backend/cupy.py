@@ -15,6 +15,9 @@ class CupyBackend:
     def set_threads(self, threads: int):
         pass
 
+    def new_pass(self):
+        pass
+
     def gemm(self, out, a, b, accumulate: bool = False, bias=None):
         if accumulate:
             out += a @ b

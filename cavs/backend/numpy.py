@@ -1,11 +1,7 @@
-"""The CPU backend: NumPy arrays; matmuls in MKL where PyTorch is installed, else NumPy's BLAS.
-
-Why MKL: the frontier loop multiplies 16-300 rows by a whole weight matrix, where OpenBLAS
-(NumPy's wheels) re-packs the weights on every call and reaches 45-110 GFLOP/s on one core of
-the reference VM; MKL reaches 90-160 on the same shapes and about 10% more on large ones
-(README, "Matmuls in MKL"). PyTorch's CPU wheel carries MKL and multiplies NumPy arrays in place
-through `torch.from_numpy` (no copies), so it serves as the BLAS; it is the `baselines` extra
-that every Makefile environment installs. Set CAVS_CPU_BLAS=numpy to use NumPy's BLAS.
+"""The CPU backend: NumPy arrays. Matrix products go to the fastest installed library for each
+product shape, chosen by measurement (cavs/blas.py: NumPy's OpenBLAS, MKL and oneDNN through
+PyTorch); row gathers and scatter-adds go through PyTorch where it is installed (one pass in index
+order, 2-7x NumPy's take and add.at), on NumPy memory without copies.
 """
 from __future__ import annotations
 
@@ -15,17 +11,16 @@ import threading
 
 import numpy as np
 
+from .. import blas
+
 
 @functools.lru_cache(maxsize=None)
-def mkl_torch():
-    """The torch module when it is usable as the CPU BLAS (installed, built with MKL), else None."""
-    if os.environ.get("CAVS_CPU_BLAS", "mkl") == "numpy":
-        return None
+def _torch():
     try:
         import torch
     except ImportError:
         return None
-    return torch if torch.backends.mkl.is_available() else None
+    return torch
 
 
 class NumpyBackend:
@@ -34,15 +29,26 @@ class NumpyBackend:
     xp = np
 
     def __init__(self):
-        self._torch = mkl_torch()
-        self.blas = "mkl (torch)" if self._torch is not None else "numpy"
+        self._torch = _torch()
+        # until the engine chooses per product (use_gemm), NumPy's own matmul
+        self.gemm = blas.make("numpy").gemm
+        self.blas = "numpy"
         self.flush_denormals()
+
+    def use_gemm(self, gemm: "blas.Gemm") -> None:
+        """Routes every product through `gemm` (blas.choose: a library per product shape)."""
+        self.gemm, self.blas = gemm, gemm.name
+
+    def new_pass(self):
+        """The parameters may have changed since the last pass: drop what was derived from them."""
+        if isinstance(self.gemm, blas.Gemm):
+            self.gemm.new_pass()
 
     def flush_denormals(self):
         """Sets flush-to-zero and denormals-are-zero on this thread, as TensorFlow does on the
         CPU: gradients that shrink through deep trees reach float32 denormals, on which the
         matmuls ran about 4x slower (Tree-LSTM h = 512). Changes values below 1.2e-38 only."""
-        if os.environ.get("CAVS_FTZ", "1").strip().lower() in ("0", "false", "off", "no"):
+        if os.environ.get("CAVS_FTZ", "1").strip().lower() in ("0", "false", "off", "no", ""):
             return                 # the harness's switch: the same numeric environment for every system
         if self._torch is not None:
             self._torch.set_flush_denormal(True)
@@ -50,26 +56,6 @@ class NumpyBackend:
     def set_threads(self, threads: int):
         if self._torch is not None:
             self._torch.set_num_threads(threads)
-
-    def gemm(self, out, a, b, accumulate: bool = False, bias=None):
-        """out = a @ b (+ bias, a row broadcast), or out += a @ b; any of them may be a strided
-        view (no copies)."""
-        torch = self._torch
-        if torch is None:
-            if accumulate:
-                out += a @ b
-            else:
-                np.matmul(a, b, out=out)
-                if bias is not None:
-                    out += bias
-            return
-        t = torch.from_numpy
-        if accumulate:
-            torch.addmm(t(out), t(a), t(b), out=t(out))
-        elif bias is not None:
-            torch.addmm(t(bias), t(a), t(b), out=t(out))
-        else:
-            torch.mm(t(a), t(b), out=t(out))
 
     def index(self, host: np.ndarray):
         return np.ascontiguousarray(host, dtype=np.int64)

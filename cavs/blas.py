@@ -1,0 +1,401 @@
+"""The CPU's matrix products: every installed GEMM library behind one call, and for each product
+shape the fastest of them, chosen by measurement once per machine and cached (as cuDNN's benchmark
+mode and FFTW's wisdom do).
+
+Why measure: which library is fastest depends on the CPU and on the shape, by factors of two. On
+a 2-core family-26 AMD EPYC (AVX-512), one thread, float32 (GFLOP/s, rows x inner x outer):
+
+    shape              openblas (Haswell kernels)  openblas (native)   mkl   onednn
+    8 x 256 x 1280                 54                     75            56     127
+    16 x 512 x 2560                81                    116            79     221
+    64 x 1024 x 2560               94                    178            90     241
+    1400 x 256 x 10000            121                    237            93     122
+
+MKL takes its AVX2 path on AMD; OpenBLAS runs the kernels of the CPU it detects unless
+OPENBLAS_CORETYPE names others (these VMs set Haswell for old OpenBLAS builds); oneDNN (the
+library TensorFlow's matmul uses, here PyTorch's copy of it) is fastest on the loop's small row
+counts with its weights packed, OpenBLAS on the output layer's long products.
+
+The libraries (each only where installed and usable for the dtype):
+  openblas  NumPy's own OpenBLAS, called through its CBLAS symbol (ctypes): strided operands and
+            outputs as they are, beta = 1 for accumulation, no temporaries
+  mkl       torch.mm / torch.addmm on NumPy memory (torch.from_numpy: no copies)
+  onednn    torch.ops.mkldnn._linear_pointwise with the weight packed once per pass (float32 only;
+            products whose right operand is a parameter, x W or dy W^T)
+
+A product is keyed by (layout, row class, inner, outer): layout "nn" is x W, "nt" dy W^T, "tn"
+x^T dy (a parameter gradient, whose inner dimension is the rows); the row class is the power of
+two at or below the varying dimension (capped at MAX_ROW_CLASS). `measure` times each library on
+each key of a model (the engine lists them from F, dF and the head); the choices persist in
+<kernel cache>/blas-<key>.json, keyed by the CPU's generation, the libraries' versions, the
+kernel set OpenBLAS runs, the thread count and the dtype. A file that cannot be read is ignored
+with a warning and measured again.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+LIBRARIES = ("openblas", "mkl", "onednn")
+CHOICES = ("auto",) + LIBRARIES + ("numpy",)      # "numpy": np.matmul, NumPy's own call path
+MAX_ROW_CLASS = 1024           # larger products run at the rate of this class (measured: within 5%)
+ROW_CLASSES = tuple(1 << k for k in range(MAX_ROW_CLASS.bit_length()))     # 1, 2, 4, ..., 1024
+MIN_TIMED_S = 0.002            # a measurement repeats the product until it took this long, 3 times at least
+_CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_TRANS = 101, 111, 112
+
+
+def row_class(rows: int) -> int:
+    return min(MAX_ROW_CLASS, 1 << max(0, int(rows).bit_length() - 1))
+
+
+def layout_of(a, b) -> str | None:
+    """'nn' (b row-major), 'nt' (b a transposed row-major matrix), 'tn' (a transposed), or None."""
+    if a.strides[-1] == a.itemsize and b.strides[-1] == b.itemsize:
+        return "nn"
+    if a.strides[-1] == a.itemsize and b.strides[0] == b.itemsize:
+        return "nt"
+    if a.strides[0] == a.itemsize and b.strides[-1] == b.itemsize:
+        return "tn"
+    return None
+
+
+def key_of(layout: str, a, b) -> tuple:
+    """The measured shape class of out = a @ b (see the module docstring)."""
+    varying = a.shape[1] if layout == "tn" else a.shape[0]
+    return layout, row_class(varying), (a.shape[0] if layout == "tn" else a.shape[1]), b.shape[1]
+
+
+# ---------------------------------------------------------------- the libraries
+
+class NumpyMatmul:
+    """np.matmul (NumPy's own call path to its BLAS); accumulation and bias in extra passes."""
+    name = "numpy"
+
+    def supports(self, dtype, layout) -> bool:
+        return True
+
+    def gemm(self, out, a, b, accumulate=False, bias=None):
+        if accumulate:
+            out += a @ b
+        else:
+            np.matmul(a, b, out=out)
+            if bias is not None:
+                out += bias
+
+
+@functools.lru_cache(maxsize=None)
+def _openblas_gemm():
+    """{dtype name: (cblas ?gemm function, index type)} of NumPy's OpenBLAS, or None."""
+    try:
+        from threadpoolctl import threadpool_info
+        libs = [i for i in threadpool_info() if i.get("internal_api") == "openblas"
+                and "numpy" in i.get("filepath", "")]
+        if not libs:
+            return None
+        lib = ctypes.CDLL(libs[0]["filepath"])
+    except (ImportError, OSError):
+        return None
+    found = {}
+    for dtype, letter in (("float32", "s"), ("float64", "d")):
+        for prefix in ("scipy_", ""):
+            for suffix, index in (("64_", ctypes.c_int64), ("", ctypes.c_int)):
+                fn = getattr(lib, f"{prefix}cblas_{letter}gemm{suffix}", None)
+                if fn is None:
+                    continue
+                real = ctypes.c_float if dtype == "float32" else ctypes.c_double
+                fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, index, index, index, real, ctypes.c_void_p,
+                               index, ctypes.c_void_p, index, real, ctypes.c_void_p, index]
+                fn.restype = None
+                found[dtype] = fn
+                break
+            if dtype in found:
+                break
+    return found or None
+
+
+class OpenBlas:
+    """NumPy's OpenBLAS through CBLAS: C = alpha A B + beta C on strided row-major views."""
+    name = "openblas"
+
+    def __init__(self):
+        self._fns = _openblas_gemm() or {}
+        self._fallback = NumpyMatmul()
+
+    def supports(self, dtype, layout) -> bool:
+        return np.dtype(dtype).name in self._fns
+
+    def gemm(self, out, a, b, accumulate=False, bias=None):
+        fn = self._fns.get(out.dtype.name)
+        size = out.itemsize
+        if fn is None or out.strides[-1] != size or a.dtype != out.dtype or b.dtype != out.dtype:
+            return self._fallback.gemm(out, a, b, accumulate, bias)
+        ta, lda = _operand(a, size)
+        tb, ldb = _operand(b, size)
+        if ta is None or tb is None:
+            return self._fallback.gemm(out, a, b, accumulate, bias)
+        m, k = a.shape
+        n = b.shape[1]
+        beta = 1.0
+        if not accumulate:
+            if bias is not None:
+                out[...] = bias
+            else:
+                beta = 0.0
+        if m == 0 or n == 0:
+            return
+        ldc = max(out.strides[0] // size, n) if m > 1 else n
+        fn(_CBLAS_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, beta, out.ctypes.data, ldc)
+
+
+def _operand(x, size):
+    """(CBLAS transpose flag, leading dimension) of a row-major or transposed row-major view."""
+    rows, cols = x.shape
+    if x.strides[-1] == size and (rows <= 1 or x.strides[0] >= cols * size):
+        return _CBLAS_NO_TRANS, max(x.strides[0] // size if rows > 1 else cols, cols, 1)
+    if x.strides[0] == size and (cols <= 1 or x.strides[1] >= rows * size):
+        return _CBLAS_TRANS, max(x.strides[1] // size if cols > 1 else rows, rows, 1)
+    return None, None
+
+
+@functools.lru_cache(maxsize=None)
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+class Mkl:
+    """torch.mm / torch.addmm (MKL in PyTorch's CPU wheels) on NumPy memory, no copies."""
+    name = "mkl"
+
+    def __init__(self):
+        self._t = _torch()
+
+    def supports(self, dtype, layout) -> bool:
+        return self._t is not None and self._t.backends.mkl.is_available()
+
+    def gemm(self, out, a, b, accumulate=False, bias=None):
+        t = self._t.from_numpy
+        if accumulate:
+            self._t.addmm(t(out), t(a), t(b), out=t(out))
+        elif bias is not None:
+            self._t.addmm(t(bias), t(a), t(b), out=t(out))
+        else:
+            self._t.mm(t(a), t(b), out=t(out))
+
+
+class OneDnn:
+    """oneDNN's inner product (PyTorch's copy, torch.ops.mkldnn._linear_pointwise) with the weight
+    packed in oneDNN's blocked layout once per pass: x W packs W^T, dy W^T packs W. Parameters
+    change between passes (the optimizer updates them in place), so new_pass() drops the packs."""
+    name = "onednn"
+    PACK_ROWS = 64             # the row count the blocked layout is tuned for (rates within 5% from 8 to 1024)
+
+    def __init__(self):
+        self._t = _torch()
+        self._packed: dict = {}
+        self._lock = threading.Lock()
+
+    def supports(self, dtype, layout) -> bool:
+        if self._t is None or np.dtype(dtype).name != "float32" or layout not in ("nn", "nt"):
+            return False
+        try:
+            return bool(self._t.backends.mkldnn.is_available() and self._t.ops.mkldnn._linear_pointwise)
+        except (AttributeError, RuntimeError):
+            return False
+
+    def new_pass(self):
+        self._packed.clear()
+
+    def _weight(self, b):
+        key = (b.ctypes.data, b.shape, b.strides)
+        w = self._packed.get(key)
+        if w is None:
+            # linear's weight is (outer, inner): W^T for x W (b = W), W itself for dy W^T (b = W.T)
+            w = self._t.ops.mkldnn._reorder_linear_weight(self._t.from_numpy(b).T, self.PACK_ROWS)
+            with self._lock:
+                self._packed[key] = w
+        return w
+
+    def gemm(self, out, a, b, accumulate=False, bias=None):
+        t, ops = self._t.from_numpy, self._t.ops.mkldnn
+        w = self._weight(b)
+        if accumulate:
+            y = ops._linear_pointwise.binary(t(a), t(out), w, None, "add")
+        else:
+            y = ops._linear_pointwise(t(a), w, None if bias is None else t(bias), "none", [], "")
+        t(out).copy_(y)
+
+
+def make(name: str):
+    return {"numpy": NumpyMatmul, "openblas": OpenBlas, "mkl": Mkl, "onednn": OneDnn}[name]()
+
+
+# ---------------------------------------------------------------- choosing
+
+class Gemm:
+    """out = a @ b (+ bias), or out += a @ b, by the library chosen for the product's key."""
+
+    def __init__(self, libraries: dict, choice: dict, default: str, forced: str | None = None):
+        self.libraries, self.choice, self.default, self.forced = libraries, choice, default, forced
+
+    @property
+    def name(self) -> str:
+        """'onednn' (forced), or 'auto: onednn 14, openblas 4' (how many keys each library won)."""
+        if self.forced:
+            return self.forced
+        won = {}
+        for lib in self.choice.values():
+            won[lib] = won.get(lib, 0) + 1
+        return "auto: " + ", ".join(f"{k} {v}" for k, v in sorted(won.items(), key=lambda kv: -kv[1])) \
+            if won else f"auto: {self.default}"
+
+    def new_pass(self):
+        for lib in self.libraries.values():
+            if hasattr(lib, "new_pass"):
+                lib.new_pass()
+
+    def __call__(self, out, a, b, accumulate: bool = False, bias=None):
+        if self.forced:
+            return self.libraries[self.forced].gemm(out, a, b, accumulate, bias)
+        layout = layout_of(a, b)
+        lib = self.choice.get(key_of(layout, a, b), self.default) if layout else self.default
+        self.libraries[lib].gemm(out, a, b, accumulate, bias)
+
+
+def available(dtype, layout: str | None = None) -> list[str]:
+    """The libraries usable here for `dtype` (and `layout`), in LIBRARIES order."""
+    out = []
+    for name in LIBRARIES:
+        lib = make(name)
+        if lib.supports(dtype, layout or "nn") and (name != "openblas" or _openblas_gemm()):
+            out.append(name)
+    return out
+
+
+def _time(lib, out, a, b, accumulate) -> float:
+    lib.gemm(out, a, b, accumulate)
+    best, reps = float("inf"), 1
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            lib.gemm(out, a, b, accumulate)
+        elapsed = time.perf_counter() - t0
+        best = min(best, elapsed / reps)
+        reps = max(reps, int(MIN_TIMED_S / max(best, 1e-9)))
+    return best
+
+
+def measure(keys, dtype, libraries: list[str]) -> dict[tuple, dict[str, float]]:
+    """{key: {library: seconds}} for each product key (layout, rows, inner, outer), on operands laid
+    out as the engine's are (a parameter-gradient key accumulates, the others write)."""
+    rng = np.random.default_rng(0)
+    libs = {name: make(name) for name in libraries}
+    out = {}
+    for layout, rows, inner, outer in keys:
+        if layout == "tn":            # dW (inner x outer) += x^T dy over `rows` rows
+            x = rng.uniform(-1, 1, (rows, inner)).astype(dtype)
+            a, b = x.T, rng.uniform(-1, 1, (rows, outer)).astype(dtype)
+            c = np.zeros((inner, outer), dtype)
+        elif layout == "nt":          # dx = dy W^T
+            a, b = rng.uniform(-1, 1, (rows, inner)).astype(dtype), rng.uniform(-1, 1, (outer, inner)).astype(dtype).T
+            c = np.empty((rows, outer), dtype)
+        else:
+            a, b = rng.uniform(-1, 1, (rows, inner)).astype(dtype), rng.uniform(-1, 1, (inner, outer)).astype(dtype)
+            c = np.empty((rows, outer), dtype)
+        times = {}
+        for name, lib in libs.items():
+            if lib.supports(dtype, layout):
+                if hasattr(lib, "new_pass"):
+                    lib.new_pass()
+                times[name] = _time(lib, c, a, b, layout == "tn")
+        out[(layout, rows, inner, outer)] = times
+    return out
+
+
+def cache_key(dtype, threads: int | None) -> str:
+    """What a measured choice depends on: the CPU, the libraries (and OpenBLAS's kernel set), the
+    threads, the dtype."""
+    from .backend.cpu import cpu_generation, cpu_model
+    facts = {"cpu": cpu_model(), **cpu_generation(), "python": sys.version.split()[0], "numpy": np.__version__,
+             "torch": getattr(_torch(), "__version__", None), "openblas_kernels": openblas_kernels(),
+             "threads": threads, "dtype": np.dtype(dtype).name}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def openblas_kernels() -> str | None:
+    """The kernel set NumPy's OpenBLAS runs ('Haswell', 'SkylakeX', ...), from threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    return next((i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"
+                 and "numpy" in i.get("filepath", "")), None)
+
+
+def cache_path(dtype, threads: int | None) -> Path | None:
+    from .fusion import kernel_cache_dir
+    where = kernel_cache_dir()
+    return None if where is None else where / f"blas-{cache_key(dtype, threads)}.json"
+
+
+def read_cache(path: Path | None) -> dict:
+    if path is None or not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return {tuple(json.loads(k)): v for k, v in data["choices"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"{path}: the cached GEMM choices cannot be read ({type(exc).__name__}: {exc}); "
+                      "measuring them again", RuntimeWarning, stacklevel=3)
+        return {}
+
+
+def write_cache(path: Path | None, choices: dict) -> None:
+    if path is None:
+        return
+    data = {"choices": {json.dumps(list(k)): v for k, v in sorted(choices.items())}}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def choose(keys, dtype, threads: int | None = None, blas: str | None = None) -> Gemm:
+    """The engine's Gemm: `blas` "auto" (default: $CAVS_CPU_BLAS, else auto) chooses per key by
+    measurement (cached); a library's name forces it for every product."""
+    blas = blas or os.environ.get("CAVS_CPU_BLAS") or "auto"
+    if blas not in CHOICES:
+        raise ValueError(f"unknown blas {blas!r}; choose one of {', '.join(CHOICES)}")
+    dtype = np.dtype(dtype)
+    names = available(dtype)
+    if blas != "auto":
+        if blas != "numpy" and blas not in names:
+            raise ValueError(f"blas {blas!r} is not usable here for {dtype.name} (usable: {', '.join(names)})")
+        return Gemm({blas: make(blas)}, {}, blas, forced=blas)
+    libraries = {name: make(name) for name in names + ["numpy"]}
+    default = "openblas" if "openblas" in names else "numpy"
+    path = cache_path(dtype, threads)
+    cached = read_cache(path)
+    keys = sorted(set(keys))
+    missing = [k for k in keys if cached.get(k) not in libraries]
+    if missing:
+        for key, times in measure(missing, dtype, names).items():
+            cached[key] = min(times, key=times.get) if times else default
+        write_cache(path, cached)
+    choice = {k: cached[k] for k in keys}
+    return Gemm(libraries, choice, default)

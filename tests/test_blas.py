@@ -1,0 +1,137 @@
+"""The CPU's GEMM libraries (cavs/blas.py) on the views the engine passes, and the choice among them:
+measured per product shape, cached per machine, forced when asked, a corrupt cache ignored."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import cavs
+from cavs import blas
+
+
+def views(rng, dtype, rows, layout, k=96, n=40):
+    """(out, a, b) as the engine has them: a and out column blocks of wider buffers, b a parameter,
+    its transpose (dy W^T), or a transposed activation (x^T dy)."""
+    w = rng.standard_normal((k, n)).astype(dtype)
+    if layout == "nn":
+        b = w
+    elif layout == "nt":
+        b = rng.standard_normal((n, k)).astype(dtype).T           # (k, n), a transposed row-major matrix
+    else:
+        b = rng.standard_normal((rows, n)).astype(dtype)
+    if layout == "tn":                                             # dW (k x n) += x^T dy, x: rows x k
+        a = rng.standard_normal((rows, k + 9)).astype(dtype)[:, 3:3 + k].T
+        out_buf = np.full((k, n + 5), 7.0, dtype=dtype)
+    else:
+        a = rng.standard_normal((rows, k + 9)).astype(dtype)[:, 3:3 + k]
+        out_buf = np.full((rows, n + 5), 7.0, dtype=dtype)
+    return out_buf, out_buf[:, 2:2 + n], a, b
+
+
+@pytest.mark.parametrize("library", blas.LIBRARIES + ("numpy",))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+@pytest.mark.parametrize("rows", [0, 1, 7, 130])
+def test_each_library_equals_numpy_on_strided_views(library, dtype, layout, rows):
+    lib = blas.make(library)
+    if not lib.supports(dtype, layout) or (library == "openblas" and not blas.available(dtype)):
+        pytest.skip(f"{library} does not run {np.dtype(dtype).name} {layout} here")
+    rng = np.random.default_rng(rows)
+    out_buf, out, a, b = views(rng, dtype, rows, layout)
+    bias = rng.standard_normal(out.shape[1]).astype(dtype)
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    lib.gemm(out, a, b)
+    np.testing.assert_allclose(out, a @ b, rtol=tol, atol=tol * 10)
+    lib.gemm(out, a, b, accumulate=True)
+    np.testing.assert_allclose(out, 2 * (a @ b), rtol=tol, atol=tol * 10)
+    if layout != "tn":
+        if hasattr(lib, "new_pass"):
+            lib.new_pass()
+        lib.gemm(out, a, b, bias=bias)
+        np.testing.assert_allclose(out, a @ b + bias, rtol=tol, atol=tol * 10)
+    assert (out_buf[:, :2] == 7).all() and (out_buf[:, 2 + out.shape[1]:] == 7).all()   # other columns untouched
+
+
+def test_row_classes_and_keys():
+    assert [blas.row_class(r) for r in (1, 2, 3, 63, 64, 65, 5000)] == [1, 2, 2, 32, 64, 64, blas.MAX_ROW_CLASS]
+    x, w = np.zeros((40, 8), np.float32), np.zeros((8, 3), np.float32)
+    assert blas.key_of(blas.layout_of(x, w), x, w) == ("nn", 32, 8, 3)
+    dy = np.zeros((40, 3), np.float32)
+    assert blas.key_of(blas.layout_of(dy, w.T), dy, w.T) == ("nt", 32, 3, 8)
+    assert blas.key_of(blas.layout_of(x.T, dy), x.T, dy) == ("tn", 32, 8, 3)
+
+
+def small_model():
+    return cavs.models.build("tree_fc", hidden=8, leaves=4)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAVS_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("CAVS_CPU_BLAS", raising=False)
+    return tmp_path
+
+
+def test_a_forced_choice_is_honoured(cache, monkeypatch):
+    for name in blas.available("float32") + ["numpy"]:
+        engine = cavs.Engine(small_model(), blas=name)
+        assert engine.backend.blas == name and engine.backend.gemm.forced == name
+    monkeypatch.setenv("CAVS_CPU_BLAS", "numpy")                  # the variable, where no argument is given
+    assert cavs.Engine(small_model()).backend.blas == "numpy"
+    assert cavs.Engine(small_model(), blas="openblas").backend.blas == "openblas"   # the argument wins
+    with pytest.raises(ValueError, match="unknown blas 'fast'"):
+        cavs.Engine(small_model(), blas="fast")
+    assert not list(cache.glob("blas-*.json"))                     # nothing was measured
+
+
+def test_auto_measures_once_and_caches_per_machine_kind(cache, monkeypatch):
+    model = small_model()
+    engine = cavs.Engine(model)
+    keys = set(cavs.Engine._gemm_keys(model))
+    assert set(engine.backend.gemm.choice) == keys
+    assert set(engine.backend.gemm.choice.values()) <= set(blas.available("float32"))
+    [path] = cache.glob("blas-*.json")
+    stored = json.loads(path.read_text())["choices"]
+    assert {tuple(json.loads(k)) for k in stored} == keys
+    calls = []
+    monkeypatch.setattr(blas, "measure", lambda *a, **k: calls.append(a) or {})
+    assert cavs.Engine(model).backend.gemm.choice == engine.backend.gemm.choice and not calls   # read back
+    # another CPU generation (same model string) is another cache entry
+    from cavs.backend import cpu
+    real, before = cpu.cpu_generation, blas.cache_key("float32", None)
+    monkeypatch.setattr(cpu, "cpu_generation", lambda text=None: {**real(text), "cpu_family": "99"})
+    assert blas.cache_key("float32", None) != before
+    monkeypatch.setattr(blas, "measure", lambda keys, dtype, libs: calls.append(keys) or
+                        {k: {libs[0]: 1.0} for k in keys})
+    other = cavs.Engine(model)
+    assert calls and set(calls[0]) == keys and len(list(cache.glob("blas-*.json"))) == 2
+    assert set(other.backend.gemm.choice.values()) == {blas.available("float32")[0]}
+
+
+def test_a_corrupt_cache_is_ignored_with_a_warning(cache):
+    model = small_model()
+    cavs.Engine(model)
+    [path] = cache.glob("blas-*.json")
+    path.write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="cannot be read .* measuring them again"):
+        engine = cavs.Engine(model)
+    assert set(engine.backend.gemm.choice) == set(cavs.Engine._gemm_keys(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cavs.Engine(model)                                        # rewritten: read back silently
+
+
+def test_every_choice_gives_the_same_training(cache):
+    """The engine's loss and gradients do not depend on which library multiplies (float32 rounding)."""
+    model = cavs.models.build("tree_lstm", hidden=16, dtype="float32")
+    samples = cavs.datasets.load_samples("tree_lstm", limit=16)
+    batch = model.make_batch(samples)
+    ref = cavs.Engine(model, blas="numpy").loss_and_grads(batch)
+    for name in blas.available("float32") + ["auto"]:
+        loss, grads = cavs.Engine(model, blas=name).loss_and_grads(batch)
+        assert loss == pytest.approx(ref[0], rel=1e-5)
+        for k, g in grads.items():
+            np.testing.assert_allclose(g, ref[1][k], rtol=1e-3, atol=1e-5, err_msg=f"{name}: {k}")

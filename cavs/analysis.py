@@ -25,8 +25,10 @@ from .ops import OPS, Node
 
 PHASES = ("eager", "loop", "lazy")
 # ops that need no work at run time: their dynamic tensor is a view of another buffer
+# (num_children and the dropout masks are filled before F runs, like the pull buffer)
 _VIEWS = {"param", "slice", "pull", "scatter", "push", "gather_grad_state", "pull_grad_output",
-          "push_grad_input"}
+          "push_grad_input", "num_children", "dropout_mask"}
+LOOP_MESSAGES = ("gather", "child_state", "scatter_grad_child", "child_state_grad")
 
 
 def _closure(nodes, roots, forward: bool):
@@ -49,7 +51,7 @@ def phases(nodes: list[Node], sources: set, sinks: set) -> dict[Node, str]:
     for n in nodes:
         if n.op in _VIEWS:
             continue
-        if n.op in ("gather", "scatter_grad_child"):
+        if n.op in LOOP_MESSAGES:
             out[n] = "loop"
         elif n in upstream:
             out[n] = "loop" if n in downstream else "eager"

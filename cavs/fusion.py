@@ -49,7 +49,7 @@ def find_groups(nodes: list[Node], consumers: dict[Node, list[Node]]) -> list[Fu
     parent = {n: n for n in fusable}
     for n in fusable:
         for i in n.inputs:
-            if i in member and i.shape == n.shape:
+            if i in member and i.shape == n.shape and i.domain == n.domain:
                 parent[_find(parent, i)] = _find(parent, n)
     groups: dict[Node, list[Node]] = {}
     for n in fusable:
@@ -132,14 +132,24 @@ def contracted_order(nodes: list[Node], groups: list[FusedGroup]) -> list:
     return order
 
 
+def _literal(value) -> str:
+    """An attribute as a literal of the kernel source: floats with a decimal point (see _CONSTANT)."""
+    if isinstance(value, float):
+        text = repr(value)
+        return text if any(c in text for c in ".en") else text + ".0"
+    return str(value)
+
+
 def expression_lines(group: FusedGroup, ref) -> list[str]:
-    """One assignment per member: `v<id> = <template over its inputs>`; ref(node) names an input."""
+    """One assignment per member: `v<id> = <template over its inputs and attributes>`; ref(k, node)
+    names input k."""
     local = {m: f"v{m.id}" for m in group.nodes}
     lines = []
     for m in group.nodes:
         args = [local.get(i) or ref(group.inputs.index(i), i)
                 for i in ([m.inputs[group.passes[m]]] if m in group.passes else m.inputs)]
-        lines.append(f"v{m.id} = {args[0] if m in group.passes else OPS[m.op].expr.format(*args)}")
+        attrs = {k: _literal(v) for k, v in m.attrs.items() if isinstance(v, (int, float))}
+        lines.append(f"v{m.id} = {args[0] if m in group.passes else OPS[m.op].expr.format(*args, **attrs)}")
     return lines
 
 
@@ -163,7 +173,7 @@ def tanh(x):
     q = x2 * q + F(4.89352518554385e-03)
     return x * p / q
 """
-_CONSTANT = re.compile(r"(?<![\w.])(\d+\.\d+)")
+_CONSTANT = re.compile(r"(?<![\w.])(\d+\.\d*(?:e[+-]?\d+)?|\d+e[+-]?\d+)")
 
 
 def numba_source(group: FusedGroup) -> str:
@@ -178,11 +188,13 @@ def numba_source(group: FusedGroup) -> str:
             pieces.append(f"x{k} = in{k}")
         else:
             args += [f"in{k}", f"in{k}_col"]
-            pieces.append(f"x{k} = in{k}[r, in{k}_col:in{k}_col + {w}]")
+            pieces.append(f"x{k} = in{k}[r, in{k}_col:in{k}_col + {node.shape[0]}]")
     for k in range(len(group.outputs)):
         args += [f"out{k}", f"out{k}_col"]
         pieces.append(f"y{k} = out{k}[r, out{k}_col:out{k}_col + {w}]")
-    body = [_CONSTANT.sub(r"F(\1)", line) for line in expression_lines(group, lambda k, node: f"x{k}[j]")]
+    # a width-1 input (broadcast over the group's width) is read at column 0
+    element = lambda k, node: f"x{k}[0]" if node.shape[0] == 1 and w > 1 else f"x{k}[j]"   # noqa: E731
+    body = [_CONSTANT.sub(r"F(\1)", line) for line in expression_lines(group, element)]
     body += [f"y{k}[j] = v{o.id}" for k, o in enumerate(group.outputs)]
     row = "\n".join("        " + line for line in pieces)
     inner = "\n".join("            " + line for line in body)
@@ -237,7 +249,7 @@ def fingerprint() -> str:
 def module_text(source: str, dtype: str, fast: bool | None = None) -> str:
     """A kernel as a self-contained module: the dtype, its helpers, `kernel` jitted."""
     fast = dtype == "float32" if fast is None else fast
-    header = ["import math", "import numba", "import numpy as np", f"F = np.{dtype}"]
+    header = ["import math", "from math import exp, log", "import numba", "import numpy as np", f"F = np.{dtype}"]
     if dtype == "float32":
         header += ['@numba.njit(inline="always", fastmath=True, error_model="numpy")',
                    _RATIONAL_TANH.strip()]

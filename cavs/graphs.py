@@ -202,9 +202,20 @@ class Forest:
         return len(self.names)
 
 
-def make_forest(graphs: list[Graph], arity: int, features: int | None = None) -> Forest:
-    """Validates every graph against the vertex function's arity and concatenates them; the
-    acyclicity check runs once over the whole batch (its levels are the schedule's frontiers).
+def _packed(g: Graph) -> Graph:
+    """`g` with each vertex's children moved to its first slots, in slot order (a graph built with
+    holes, children[v] = [-1, 3], has one child)."""
+    c = g.children
+    if c.shape[1] <= 1 or not ((c[:, :-1] < 0) & (c[:, 1:] >= 0)).any():
+        return g
+    order = np.argsort(c < 0, axis=1, kind="stable")
+    return Graph(np.take_along_axis(c, order, axis=1), g.tokens, g.labels, g.name, g.features)
+
+
+def make_forest(graphs: list[Graph], arity: int | None, features: int | None = None) -> Forest:
+    """Validates every graph against the vertex function's arity (None: any degree) and
+    concatenates them; the acyclicity check runs once over the whole batch (its levels are the
+    schedule's frontiers).
     With `features=D` each graph must carry (n, D) features; they become the batch's pull table
     and every vertex's token is its own row in it."""
     if not graphs:
@@ -222,8 +233,13 @@ def make_forest(graphs: list[Graph], arity: int, features: int | None = None) ->
                                  f"the graph has {got}, expected ({g.num_vertices}, {features})")
     sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
+    if arity is None:                  # as wide as the batch's largest degree
+        arity = max(1, max(int((g.children >= 0).sum(axis=1).max()) for g in graphs))
+        graphs_dense = [_packed(g) for g in graphs]
+    else:
+        graphs_dense = graphs
     children = np.full((offsets[-1], arity), -1, dtype=np.int64)
-    for i, g in enumerate(graphs):
+    for i, g in enumerate(graphs_dense):
         c = g.children[:, :arity]
         children[offsets[i]:offsets[i + 1], :c.shape[1]] = np.where(c >= 0, c + offsets[i], -1)
     names = [g.name for g in graphs]

@@ -44,6 +44,62 @@ class DynamicTensor:
         return True
 
 
+class Buffers:
+    """Every value's storage for a batch: `arrays[slot]` is its (rows, width) array (a parameter,
+    its own dynamic tensor, its concat's columns, its affine sum's buffer, or a slice of its
+    input), vertex values over the batch's rows and edge values over its edges; `based[slot]` is
+    (C-contiguous buffer, first column), for the CPU's fused kernels. `bind` reserves every tensor
+    for a batch and rebuilds the views when one moved."""
+
+    def __init__(self, backend, dtype, nodes, slot, stored, home, sum_of, fused_cpu: bool):
+        self.nodes, self.slot, self.home, self.sum_of, self.fused_cpu = nodes, slot, home, sum_of, fused_cpu
+        self.tensors = {n: DynamicTensor(backend, n.shape[0], dtype) for n in stored}
+        self.arrays: list = [None] * len(nodes)
+        self.based: list = [None] * len(nodes)
+        self.itemsize = np.dtype(dtype).itemsize
+        self._bound = None
+
+    def bind(self, rows: int, edges: int, params: dict) -> None:
+        moved = [t.reserve(edges if n.on_edges else rows) for n, t in self.tensors.items()]
+        A, slot = self.arrays, self.slot
+        if any(moved) or self._bound is None:
+            for n, i in slot.items():
+                if n.is_param:
+                    A[i] = params[n.attrs["name"]]
+                elif n in self.tensors:
+                    A[i] = self.tensors[n].buffer
+            for n in slot:                     # concat parts: views of their concat's columns
+                if n in self.home:
+                    A[slot[n]] = self._home_view(n)
+            for n, a in self.sum_of.items():    # affine sums: one buffer, the root's
+                A[slot[n]] = A[slot[a.root]]
+            for n, i in slot.items():          # views: slices of their input's columns
+                if n.op == "slice":
+                    A[i] = A[slot[n.inputs[0]]][:, n.attrs["start"]:n.attrs["stop"]]
+            if self.fused_cpu:
+                self._bind_bases()
+            self._bound = (rows, edges)
+        for n, i in slot.items():              # parameters may have been reassigned
+            if n.is_param:
+                A[i] = params[n.attrs["name"]]
+
+    def _home_view(self, n):
+        concat, col = self.home[n]
+        base = self._home_view(concat) if concat in self.home else self.tensors[concat].buffer
+        return base[:, col:col + n.shape[0]]
+
+    def _bind_bases(self):
+        """Each value as (its C-contiguous buffer, first column); parameters are read from the
+        arrays at each call, as they may be reassigned between batches."""
+        for n, i in self.slot.items():
+            a = self.arrays[i]
+            if a is None or n.is_param:
+                continue
+            root = a if a.base is None else a.base
+            col = (a.__array_interface__["data"][0] - root.__array_interface__["data"][0]) // self.itemsize
+            self.based[i] = (root, col)
+
+
 @dataclass
 class Counters:
     """What a batch cost in launches and moved bytes; tests and benchmarks read these."""
@@ -99,6 +155,19 @@ class GatherPlan:
     child_rows: object = None     # backend index array of the present children's rows
     positions: object = None      # "some": positions within the task that have child k
     unique: bool = True           # children distinct (False in DAGs where two parents share a child)
+
+
+class EdgePlan:
+    """The batch's edges as index arrays: each edge's child row and parent row (the parents in
+    row order), and the first edge of each row (host array)."""
+
+    def __init__(self, sched: Schedule, backend):
+        self.child = backend.index(sched.edge_child)
+        self.parent = backend.index(sched.edge_parent)
+        self.parent_host = sched.edge_parent
+        self.offset = sched.edge_offset
+        self.unique = _unique(sched.edge_child)         # False in DAGs: a child under two parents
+        self.degree = sched.degree
 
 
 class MessagePlans:

@@ -1,13 +1,15 @@
 """A model: the user's vertex function, its parameters and its output head, traced once.
 
-    model = cavs.Model(cell, params={"W": (E, 3 * H), "b": (3 * H,)}, arity=K, state=2 * H,
+    model = cavs.Model(cell, params={"W": (E, 3 * H), "b": (3 * H,)}, state=2 * H,
                        embedding=(V, E), classes=C, reduction="mean", seed=0, dtype="float32")
     batch = model.make_batch([cavs.Graph.from_children(...), ...])
 
 `Model` traces `cell` into F and derives dF when it is built, so a mistake in the vertex function
-is a `TraceError` naming the user's line before any data is read. `make_batch` checks every graph
-against the model (arity, token range, label range, feature width) and raises `InputError` naming
-the graph and the vertex.
+is a `TraceError` naming the user's line before any data is read. `arity=K` is needed only by a
+vertex function that reads children by position (`v.gather(k)`); one that reads them as edges
+(`v.children()`) takes any number. `make_batch` checks every graph against the model (arity where
+declared, token range, label range, feature width) and raises `InputError` naming the graph and
+the vertex.
 """
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ def _shape_of(name: str, spec) -> tuple:
 class Model:
     """One vertex function with its parameters, message widths, input and softmax head."""
 
-    def __init__(self, cell, params: dict | None = None, *, arity: int, state: int,
+    def __init__(self, cell, params: dict | None = None, *, arity: int | None = None, state: int,
                  embedding: tuple[int, int] | None = None, inputs: int | None = None,
                  classes: int, reduction: str = "mean", seed: int = 0, dtype="float32",
                  reader=None, name: str | None = None):
@@ -83,14 +85,16 @@ class Model:
         if embedding is not None and inputs is not None:
             raise ValueError("give embedding=(V, E) (pull() reads a trained table) or inputs=D "
                              "(pull() reads the graph's features), not both")
-        if not isinstance(arity, (int, np.integer)) or arity < 1:
-            raise ValueError(f"arity must be a positive integer, got {arity!r}")
+        if arity is not None and (not isinstance(arity, (int, np.integer)) or isinstance(arity, bool) or arity < 1):
+            raise ValueError(f"arity must be a positive integer (or None for a vertex function that reads "
+                             f"its children with v.children()), got {arity!r}")
         params = dict(params or {})
         for reserved in (EMBEDDING, *HEAD):
             if reserved in params:
                 raise ValueError(f"parameter name {reserved!r} is reserved for the model's "
                                  f"{'embedding' if reserved == EMBEDDING else 'softmax head'}")
-        self.cell, self.arity, self.state, self.classes = cell, int(arity), int(state), int(classes)
+        self.cell, self.state, self.classes = cell, int(state), int(classes)
+        self.arity = None if arity is None else int(arity)
         self.reduction, self.seed, self.reader = reduction, seed, reader
         self.dtype = np.dtype(dtype).name
         self.name = name or getattr(cell, "__name__", "model")
@@ -128,7 +132,8 @@ class Model:
             bad = next(i for i, s in enumerate(samples) if not isinstance(s, Graph))
             raise InputError(f"{self.name}: sample {bad} is a {type(samples[bad]).__name__}, not a "
                              "cavs.Graph (build one with cavs.Graph.from_children or from_parents)")
-        forest = make_forest(graphs, self.arity, features=self.inputs)
+        # positional gathers need every degree within the arity; edges take whatever the graphs have
+        forest = make_forest(graphs, self.arity if self.F.uses_slots else None, features=self.inputs)
         self._check(forest)
         return Batch(forest, graphs)
 

@@ -41,11 +41,35 @@ MERGE_MIN_ROWS = 32
 
 @dataclass
 class Schedule:
+    """Rows in task order, and the edges (child -> parent) of every row in the same order: task t
+    is rows [bounds[t], bounds[t+1]) and edges [edge_bounds[t], edge_bounds[t+1]); a row's edges
+    are [edge_offset[r], edge_offset[r+1]), in child order."""
     order: np.ndarray        # (N,) global vertex id held by each row
     bounds: np.ndarray       # (T+1,) task t = rows [bounds[t], bounds[t+1])
     child_rows: np.ndarray   # (N, arity) row of child k of each row, -1 where absent
     tokens: np.ndarray       # (N,) token of each row, -1 where none
     labels: np.ndarray       # (N,) label of each row, -1 where none
+    edge_child: np.ndarray = None    # (E,) row of each edge's child
+    edge_parent: np.ndarray = None   # (E,) row of each edge's parent, non-decreasing
+    edge_offset: np.ndarray = None   # (N+1,) first edge of each row
+    edge_bounds: np.ndarray = None   # (T+1,) first edge of each task
+
+    def __post_init__(self):
+        if self.edge_child is None:
+            present = self.child_rows >= 0
+            parent, k = np.nonzero(present)            # row-major: by parent row, then child slot
+            self.edge_child, self.edge_parent = self.child_rows[parent, k], parent
+            self.edge_offset = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int64)
+            self.edge_bounds = self.edge_offset[self.bounds]
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.edge_child)
+
+    @property
+    def degree(self) -> np.ndarray:
+        """(N,) each row's number of children."""
+        return np.diff(self.edge_offset)
 
     @property
     def num_rows(self) -> int:
@@ -57,6 +81,10 @@ class Schedule:
 
     def tasks(self):
         b = self.bounds.tolist()
+        return list(zip(b[:-1], b[1:]))
+
+    def edge_tasks(self):
+        b = self.edge_bounds.tolist()
         return list(zip(b[:-1], b[1:]))
 
     def task_of_rows(self) -> np.ndarray:

@@ -39,6 +39,7 @@ def actions(F, dF, sched, predict: bool = False) -> dict:
     has_label = _any_per_task(sched.labels >= 0, sched.bounds)
     has_child = [_any_per_task(sched.child_rows[:, k] >= 0, sched.bounds)
                  for k in range(sched.child_rows.shape[1])]
+    has_edges = np.diff(sched.edge_bounds) > 0
     nodes = F.nodes + dF.nodes
 
     support = {}
@@ -46,25 +47,30 @@ def actions(F, dF, sched, predict: bool = False) -> dict:
         if n.is_param:
             continue
         vertex_inputs = [support[i] for i in n.inputs if not i.is_param]
-        rule = OPS[n.op].zero
+        rule = OPS[n.op].zero_rule(n.attrs)
         if n.op == "pull":
             s = has_pull
         elif n.op == "gather":
             s = has_child[n.attrs["k"]]
+        elif n.op in ("child_state", "num_children", "edge_softmax"):
+            s = has_edges                        # a task without children has no edges
         elif n.op == "pull_grad_output":
             s = has_label
-        elif n.op == "gather_grad_state":
+        elif n.op in ("gather_grad_state", "dropout_mask"):
             s = every
         elif rule == "full" or (rule == "union" and any(i.is_param for i in n.inputs)):
             s = every                            # e.g. sigmoid(0) = 0.5; a bias added to zero rows
         elif rule == "none" or not vertex_inputs:
             s = ~every
-        elif rule == "second":
-            s = support[n.inputs[1]]
+        elif rule in ("first", "second"):
+            s = support[n.inputs[0 if rule == "first" else 1]] if not n.inputs[0 if rule == "first" else 1].is_param \
+                else every
         elif rule == "intersect":
             s = np.logical_and.reduce(vertex_inputs)
         else:
             s = np.logical_or.reduce(vertex_inputs)
+        if n.on_edges:
+            s = s & has_edges
         support[n] = s
 
     demand = {n: ~every for n in support}
@@ -78,15 +84,17 @@ def actions(F, dF, sched, predict: bool = False) -> dict:
             reads = every if predict else has_label
         elif n.op == "push_grad_input":
             reads = has_pull
-        elif n.op == "scatter_grad_child":
-            reads = has_child[n.attrs["k"]] & support[n.inputs[0]]
+        elif n.op in ("scatter_grad_child", "child_state_grad"):
+            present = has_child[n.attrs["k"]] if n.op == "scatter_grad_child" else has_edges
+            reads = present & support[n.inputs[0]]
             act[n] = np.where(reads, COMPUTE, SKIP).astype(np.int8)
         elif OPS[n.op].kind == "reduce":
             reads = support[n]
             act[n] = np.where(reads, COMPUTE, SKIP).astype(np.int8)
         elif n.op == "slice":
             reads = demand[n]                    # a view: its readers read its input
-        elif n.op == "add" and not any(i.is_param for i in n.inputs) and n.inputs[0] is not n.inputs[1]:
+        elif n.op == "add" and not any(i.is_param for i in n.inputs) and n.inputs[0] is not n.inputs[1] \
+                and n.inputs[0].shape == n.inputs[1].shape:
             s0, s1 = (support[i] for i in n.inputs)
             compute = demand[n] & s0 & s1
             passes = [demand[n] & s0 & ~s1, demand[n] & s1 & ~s0]
@@ -140,14 +148,15 @@ def row_bounds(nodes) -> dict:
         if n.is_param:
             continue
         vertex_inputs = [i for i in n.inputs if not i.is_param]
-        rule = OPS[n.op].zero
+        rule = OPS[n.op].zero_rule(n.attrs)
         if n.op == "gather":
             ks = frozenset([n.attrs["k"]])
         elif n.op in ("pull", "pull_grad_output", "gather_grad_state") or rule in ("full", "none") \
-                or not vertex_inputs or (rule == "union" and len(vertex_inputs) < len(n.inputs)):
+                or not vertex_inputs or (rule == "union" and len(vertex_inputs) < len(n.inputs)) \
+                or n.on_edges or OPS[n.op].domain != "same" or OPS[n.op].kind == "source":
             ks = None
-        elif rule == "second":
-            ks = bound.get(n.inputs[1])
+        elif rule in ("first", "second"):
+            ks = bound.get(n.inputs[0 if rule == "first" else 1])
         elif rule == "intersect":
             ks = min((bound[i] for i in vertex_inputs if i in bound), key=len, default=None)
         else:

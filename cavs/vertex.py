@@ -2,16 +2,28 @@
 
 The user writes one Python function of the vertex `v` and the parameters `p`:
 
-    def cell(v, p):
-        h = cavs.tanh(cavs.concat(*v.gather_all()) @ p.W + v.pull() + p.b)
-        v.scatter(h)
-        v.push(h)
+    def cell(v, p):                                   # child-sum Tree-LSTM, any number of children
+        x = v.pull()
+        kids = v.children()                           # one row per edge (child -> this vertex)
+        h_k, c_k = kids.state.split(2)                # what each child scattered
+        i, o, u = (x @ p.W + h_k.sum() @ p.U + p.b).split(3)
+        f_k = sigmoid(kids.broadcast(x @ p.Wf + p.bf) + h_k @ p.Uf)
+        c = sigmoid(i) * tanh(u) + (f_k * c_k).sum()
+        h = sigmoid(o) * tanh(c)
+        v.scatter(concat(h, c)); v.push(h)
 
-Tracing runs it once on symbols: every op records a Node with its inferred shape and the
-user's source line, so a mistake is reported at trace time as "file:line (op): reason".
+Values are per vertex, or per edge (what `children()` gives, and what `kids.broadcast(x)` makes of
+a vertex value); the same math applies to both, and `e.sum()`, `e.mean()`, `e.max()` and
+`kids.softmax(e)` go from edges to vertices. Positional `v.gather(k)` reads child slot k, for models
+whose children play fixed roles (a binary tree's left and right). Tracing runs the function once
+on symbols: every op records a Node with its inferred shape and domain and the user's source line,
+so a mistake is reported at trace time as "file:line (op): reason" -- including branching on a
+traced value, comparing one, or calling a NumPy function on one.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -36,8 +48,8 @@ def _user_line() -> str:
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
-class Graph:
-    """A DAG of nodes under construction (shared by tracing and by gradient derivation)."""
+class Program:
+    """The DAG of nodes under construction (tracing F, and deriving dF from it)."""
 
     def __init__(self, first_id: int = 0):
         self.nodes: list[Node] = []
@@ -49,14 +61,41 @@ class Graph:
             shape = OPS[op].shape(tuple(i.shape for i in inputs), attrs)
         except ShapeError as e:
             raise TraceError(f"{where} ({op}): {e}") from None
-        node = Node(op, tuple(inputs), tuple(shape), attrs, where, self.first_id + len(self.nodes))
+        node = Node(op, tuple(inputs), tuple(shape), attrs, where, self.first_id + len(self.nodes),
+                    _domain(op, inputs, attrs, where))
         self.nodes.append(node)
         return node
 
 
+def _domain(op: str, inputs, attrs, where) -> str | None:
+    """The output's domain (vertex / edge) from the op's rule and its inputs' domains."""
+    rule = OPS[op].domain
+    if rule == "attr":
+        return None if op == "param" else attrs.get("domain", "vertex")
+    domains = {i.domain for i in inputs if not i.is_param}
+    if rule == "edge":                                       # broadcast: vertex -> edge
+        if domains != {"vertex"}:
+            raise TraceError(f"{where} ({op}): kids.broadcast(x) takes a per-vertex value, got a per-edge one")
+        return "edge"
+    if rule == "vertex":                                     # reductions: edge -> vertex
+        if domains != {"edge"}:
+            raise TraceError(f"{where} ({op}): .sum(), .mean() and .max() reduce a per-edge value (from "
+                             "v.children()) into its vertex; for the feature axis use cavs.feature_sum(h)")
+        return "vertex"
+    if len(domains) > 1:
+        raise TraceError(f"{where} ({op}): mixes a per-vertex value and a per-edge value; put the vertex "
+                         "value on the edges with kids.broadcast(x), or reduce the edges with .sum()")
+    return domains.pop() if domains else "vertex"
+
+
+def _number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 class Symbol:
-    """A traced per-vertex value; Python operators record ops."""
+    """A traced per-vertex or per-edge value; Python operators record ops."""
     __array_priority__ = 1000
+    __hash__ = object.__hash__
 
     def __init__(self, tracer: "Tracer", node: Node):
         self._t, self.node = tracer, node
@@ -65,30 +104,78 @@ class Symbol:
     def width(self) -> int:
         return self.node.shape[0]
 
+    def _op(self, op, inputs, **attrs) -> "Symbol":
+        return self._t.wrap(self._t.program.add(op, tuple(inputs), **attrs))
+
     def _bin(self, op, other, swap=False):
         other_node = self._t.lift(other, op)
         a, b = (other_node, self.node) if swap else (self.node, other_node)
-        if a.is_param:   # keep the vertex operand first so broadcasting of a bias is uniform
+        if a.is_param and op in ("add", "mul"):    # keep the row value first so a bias broadcasts uniformly
             a, b = b, a
-        return self._t.wrap(self._t.graph.add(op, (a, b)))
+        return self._op(op, (a, b))
 
-    def __add__(self, o): return self if _is_zero(o) else self._bin("add", o)
-    def __radd__(self, o): return self if _is_zero(o) else self._bin("add", o, swap=True)   # sum(...)
-    def __sub__(self, o): return self._bin("sub", o)
-    def __mul__(self, o): return self._bin("mul", o)
-    def __rmul__(self, o): return self._bin("mul", o, swap=True)
-    def __neg__(self): return self._t.wrap(self._t.graph.add("neg", (self.node,)))
+    # arithmetic with another value or a Python number
+    def __add__(self, o):
+        if _number(o):
+            return self if o == 0 else self._op("shift", (self.node,), c=float(o))
+        return self._bin("add", o)
+
+    __radd__ = __add__                          # sum(...) starts from 0
+
+    def __sub__(self, o):
+        if _number(o):
+            return self if o == 0 else self._op("shift", (self.node,), c=-float(o))
+        return self._bin("sub", o)
+
+    def __rsub__(self, o):
+        if _number(o):
+            negated = self._op("neg", (self.node,))
+            return negated if o == 0 else negated._op("shift", (negated.node,), c=float(o))
+        return self._bin("sub", o, swap=True)
+
+    def __mul__(self, o):
+        if _number(o):
+            return self if o == 1 else self._op("scale", (self.node,), c=float(o))
+        return self._bin("mul", o)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, o):
+        if _number(o):
+            if o == 0:
+                raise TraceError(f"{_user_line()} (div): division by the constant 0")
+            return self if o == 1 else self._op("scale", (self.node,), c=1.0 / float(o))
+        return self._bin("div", o)
+
+    def __rtruediv__(self, o):
+        if _number(o):
+            inverse = self._op("power", (self.node,), p=-1.0)
+            return inverse if o == 1 else inverse._op("scale", (inverse.node,), c=float(o))
+        return self._bin("div", o, swap=True)
+
+    def __pow__(self, p):
+        if not _number(p):
+            raise TraceError(f"{_user_line()} (power): the exponent must be a Python number, got "
+                             f"{type(p).__name__}; for x ** y write cavs.exp(y * cavs.log(x))")
+        return self if p == 1 else self._op("power", (self.node,), p=float(p))
+
+    def __rpow__(self, base):
+        raise TraceError(f"{_user_line()} (power): a number raised to a traced value is not an op; "
+                         "write cavs.exp(x * math.log(base))")
+
+    def __neg__(self):
+        return self._op("neg", (self.node,))
 
     def __matmul__(self, w):
         if not isinstance(w, Param):
             raise TraceError(f"{_user_line()} (matmul): the right operand must be a parameter (p.NAME)")
-        return self._t.wrap(self._t.graph.add("matmul", (self.node, w.node)))
+        return self._op("matmul", (self.node, w.node))
 
     def __getitem__(self, item):
         if not isinstance(item, slice) or item.step not in (None, 1):
             raise TraceError(f"{_user_line()} (slice): only contiguous slices like s[a:b] are supported")
         start, stop, _ = item.indices(self.width)
-        return self._t.wrap(self._t.graph.add("slice", (self.node,), start=start, stop=stop))
+        return self._op("slice", (self.node,), start=start, stop=stop)
 
     def split(self, parts: int):
         """Splits into `parts` equal slices (e.g. the gates of an LSTM)."""
@@ -96,12 +183,51 @@ class Symbol:
             raise TraceError(f"{_user_line()} (split): width {self.width} is not divisible by {parts}")
         w = self.width // parts
         where = _user_line()
-        return [self._t.wrap(self._t.graph.add("slice", (self.node,), where, start=i * w, stop=(i + 1) * w))
+        return [self._t.wrap(self._t.program.add("slice", (self.node,), where, start=i * w, stop=(i + 1) * w))
                 for i in range(parts)]
 
+    # reductions over a vertex's edges
+    def sum(self) -> "Symbol":
+        """Over the vertex's edges: the sum of this per-edge value (zeros where it has no children)."""
+        return self._op("edge_sum", (self.node,))
+
+    def mean(self) -> "Symbol":
+        """Over the vertex's edges: the mean (zeros where it has no children)."""
+        total = self._op("edge_sum", (self.node,))
+        degree = self._t.num_children()
+        return total / degree._op("max_const", (degree.node,), c=1.0)
+
+    def max(self) -> "Symbol":
+        """Over the vertex's edges: the largest value, per feature (zeros where it has no children)."""
+        return self._op("edge_max", (self.node,))
+
+    # a vertex function is static: no branching on, or comparing, traced values
     def __bool__(self):
-        raise TraceError(f"{_user_line()}: a vertex function cannot branch on a traced value; "
-                         "F must be static")
+        raise TraceError(f"{_user_line()}: a vertex function cannot branch on a traced value; F must be static "
+                         "(every vertex runs the same ops; use masks or cavs.maximum for data-dependent values)")
+
+    def _compare(self, other):
+        raise TraceError(f"{_user_line()}: comparing a traced value (==, !=, <, <=, >, >=) gives no value a "
+                         "vertex function can branch on; F must be static (cavs.maximum / cavs.minimum compute "
+                         "with comparisons)")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """NumPy's functions on a traced value: the ones that are ops map to them; others are named."""
+        fn = _NUMPY_OPS.get(ufunc.__name__) if method == "__call__" and not kwargs else None
+        if fn is None:
+            raise TraceError(f"{_user_line()} (numpy.{ufunc.__name__}): not an op of vertex functions; the ops are "
+                             f"{', '.join(sorted(_NUMPY_OPS))} and cavs.{{sigmoid, tanh, relu, feature_sum, "
+                             "feature_mean, layer_norm, dropout}}")
+        return fn(*inputs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise TraceError(f"{_user_line()} (numpy.{func.__name__}): not an op of vertex functions; over a vertex's "
+                         "edges use e.sum() / e.mean() / e.max(), over the feature axis cavs.feature_sum(h)")
+
+    def __iter__(self):
+        raise TraceError(f"{_user_line()}: a traced value is one row vector per vertex; use .split(n) or slices")
 
 
 class Param:
@@ -128,14 +254,39 @@ class Params:
             raise AttributeError(name)
         if name not in self._shapes:
             raise TraceError(f"{_user_line()}: unknown parameter p.{name}; the model declares "
-                             f"{', '.join(self._shapes)}")
+                             f"{', '.join(self._shapes) or 'none'}")
         if name not in self._nodes:
-            self._nodes[name] = Param(self._tracer.graph.add("param", (), name=name, shape=self._shapes[name]))
+            self._nodes[name] = Param(self._tracer.program.add("param", (), name=name, shape=self._shapes[name]))
         return self._nodes[name]
 
 
+class EdgeSet:
+    """`v.children()`: the vertex's edges, one row per (child -> vertex) edge, in child order."""
+
+    def __init__(self, tracer: "Tracer"):
+        self._t = tracer
+
+    @property
+    def state(self) -> Symbol:
+        """What each child scattered, per edge."""
+        return self._t.child_state()
+
+    def broadcast(self, x: Symbol) -> Symbol:
+        """The vertex value `x` on each of the vertex's edges."""
+        return self._t.wrap(self._t.program.add("broadcast", (self._t.lift(x, "broadcast"),)))
+
+    def softmax(self, s: Symbol) -> Symbol:
+        """`s` (per edge) normalised over each vertex's edges, per feature: exp(s) / sum of exp(s)
+        over the vertex's children (1 where it has one child)."""
+        node = self._t.lift(s, "softmax")
+        if node.domain != "edge":
+            raise TraceError(f"{_user_line()} (softmax): kids.softmax(s) normalises a per-edge value over "
+                             "each vertex's edges; got a per-vertex value")
+        return self._t.wrap(self._t.program.add("edge_softmax", (node,)))
+
+
 class Vertex:
-    """The `v` argument of a vertex function: the four message ops."""
+    """The `v` argument of a vertex function: the four message ops, and the vertex's edges."""
 
     def __init__(self, tracer: "Tracer"):
         self._t = tracer
@@ -143,22 +294,38 @@ class Vertex:
     def gather(self, k: int) -> Symbol:
         """The state that child k scattered (zeros where the vertex has no child k)."""
         t = self._t
+        if t.arity is None:
+            raise TraceError(f"{_user_line()} (gather): gather(k) reads child slot k; declare the model's "
+                             "arity=K, or use v.children() for any number of children")
         if not isinstance(k, int) or not 0 <= k < t.arity:
             raise TraceError(f"{_user_line()} (gather): child index {k} is beyond the declared arity {t.arity}")
-        return t.wrap(t.graph.add("gather", (), k=k, width=t.state_width))
+        return t.wrap(t.program.add("gather", (), k=k, width=t.state_width))
 
     def gather_all(self) -> list[Symbol]:
+        if self._t.arity is None:
+            raise TraceError(f"{_user_line()} (gather): gather_all() reads every child slot; declare the "
+                             "model's arity=K, or use v.children() for any number of children")
         return [self.gather(k) for k in range(self._t.arity)]
+
+    def children(self) -> EdgeSet:
+        """The vertex's edges: `.state` per edge, `.broadcast(x)`, `.softmax(e)`."""
+        return EdgeSet(self._t)
+
+    def num_children(self) -> Symbol:
+        """The vertex's number of children, a width-1 value."""
+        return self._t.num_children()
 
     def pull(self) -> Symbol:
         """This vertex's external input (zeros where it has none)."""
         t = self._t
         if t.input_width is None:
             raise TraceError(f"{_user_line()} (pull): this model declares no external input")
-        return t.wrap(t.graph.add("pull", (), width=t.input_width))
+        if t.pulled is None:
+            t.pulled = t.wrap(t.program.add("pull", (), width=t.input_width))
+        return t.pulled
 
     def scatter(self, s: Symbol) -> None:
-        """Makes `s` this vertex's state, visible to its parents through gather."""
+        """Makes `s` this vertex's state, visible to its parents through gather and children()."""
         t = self._t
         node = t.lift(s, "scatter")
         if t.scattered is not None:
@@ -166,24 +333,32 @@ class Vertex:
         if node.shape != (t.state_width,):
             raise TraceError(f"{_user_line()} (scatter): the state has width {node.shape[0]}, "
                              f"but the model declares state width {t.state_width}")
-        t.scattered = t.graph.add("scatter", (node,))
+        if node.domain != "vertex":
+            raise TraceError(f"{_user_line()} (scatter): the state is a per-vertex value; reduce the edges "
+                             "first (e.sum(), e.mean(), e.max())")
+        t.scattered = t.program.add("scatter", (node,))
 
     def push(self, s: Symbol) -> None:
-        """Sends `s` outside the structure (to the loss)."""
+        """Sends `s` outside the structure (to the loss, or to the caller of engine.forward)."""
         t = self._t
         node = t.lift(s, "push")
         if t.pushed is not None:
             raise TraceError(f"{_user_line()} (push): push called twice (first at {t.pushed.where})")
-        t.pushed = t.graph.add("push", (node,))
+        if node.domain != "vertex":
+            raise TraceError(f"{_user_line()} (push): push sends a per-vertex value; reduce the edges first")
+        t.pushed = t.program.add("push", (node,))
 
 
 class Tracer:
     def __init__(self, arity, state_width, input_width, param_shapes):
-        self.graph = Graph()
+        self.program = Program()
         self.arity, self.state_width, self.input_width = arity, state_width, input_width
         self.params = Params(self, param_shapes)
         self.scattered: Node | None = None
         self.pushed: Node | None = None
+        self.pulled: Symbol | None = None
+        self._child_state: Symbol | None = None
+        self._num_children: Symbol | None = None
 
     def wrap(self, node: Node) -> Symbol:
         return Symbol(self, node)
@@ -194,6 +369,17 @@ class Tracer:
         raise TraceError(f"{_user_line()} ({op}): expected a traced value or parameter, "
                          f"got {type(value).__name__}")
 
+    def child_state(self) -> Symbol:
+        if self._child_state is None:       # one per F: every use reads the same gathered rows
+            self._child_state = self.wrap(self.program.add("child_state", (), width=self.state_width,
+                                                           domain="edge"))
+        return self._child_state
+
+    def num_children(self) -> Symbol:
+        if self._num_children is None:
+            self._num_children = self.wrap(self.program.add("num_children", ()))
+        return self._num_children
+
 
 @dataclass
 class VertexFunction:
@@ -201,16 +387,21 @@ class VertexFunction:
     nodes: list[Node]
     scatter: Node
     push: Node | None
-    arity: int
+    arity: int | None
     state_width: int
     input_width: int | None
     name: str
+
+    @property
+    def uses_slots(self) -> bool:
+        """Reads children by position (gather(k)): the batch's degrees must fit the arity."""
+        return any(n.op == "gather" for n in self.nodes)
 
     def dump(self) -> str:
         return "\n".join(map(repr, self.nodes))
 
 
-def trace(fn, arity: int, state_width: int, input_width: int | None,
+def trace(fn, arity: int | None, state_width: int, input_width: int | None,
           param_shapes: dict[str, tuple]) -> VertexFunction:
     """Runs `fn(v, p)` once on symbols and returns F; errors name the user's line."""
     t = Tracer(arity, state_width, input_width, param_shapes)
@@ -220,35 +411,92 @@ def trace(fn, arity: int, state_width: int, input_width: int | None,
         where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}" if code else "vertex function"
         raise TraceError(f"{where} ({getattr(fn, '__name__', 'F')}): scatter was never called; "
                          "a vertex function must scatter its state exactly once")
-    return VertexFunction(t.graph.nodes, t.scattered, t.pushed, arity, state_width, input_width,
+    return VertexFunction(t.program.nodes, t.scattered, t.pushed, arity, state_width, input_width,
                           getattr(fn, "__name__", "F"))
 
 
-# free functions used inside vertex functions
+# ---------------------------------------------------------------- free functions of vertex functions
 
-def _is_zero(value) -> bool:
-    """A literal 0 (Python's sum() starts from it): adding it records no op."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
-
-
-def _first_symbol(args) -> Symbol:
+def _first_symbol(args, op: str) -> Symbol:
     for a in args:
         if isinstance(a, Symbol):
             return a
-    raise TraceError(f"{_user_line()}: expected traced values")
+    raise TraceError(f"{_user_line()} ({op}): expected a traced value, got "
+                     f"{', '.join(type(a).__name__ for a in args)}")
 
 
 def _unary(op):
     def f(x: Symbol) -> Symbol:
-        s = _first_symbol([x])
-        return s._t.wrap(s._t.graph.add(op, (s.node,)))
+        s = _first_symbol([x], op)
+        return s._op(op, (s.node,))
     f.__name__ = op
+    f.__doc__ = f"{op}(x), elementwise."
     return f
 
 
-sigmoid, tanh, relu = _unary("sigmoid"), _unary("tanh"), _unary("relu")
+sigmoid, tanh, relu, exp, log = _unary("sigmoid"), _unary("tanh"), _unary("relu"), _unary("exp"), _unary("log")
+abs_ = _unary("abs")
+
+
+def _extremum(op):
+    def f(a, b) -> Symbol:
+        s = _first_symbol([a, b], op)
+        if _number(a) or _number(b):
+            x, c = (b, a) if _number(a) else (a, b)
+            return s._op(f"{op[:3]}_const", (x.node,), c=float(c))
+        return s._bin(op, b if s is a else a)
+    f.__name__ = op
+    f.__doc__ = f"{op}(a, b), elementwise; either may be a Python number."
+    return f
+
+
+maximum, minimum = _extremum("maximum"), _extremum("minimum")
+
+
+def feature_sum(h: Symbol) -> Symbol:
+    """The sum over the feature axis: a width-1 value."""
+    s = _first_symbol([h], "feature_sum")
+    return s._op("feature_sum", (s.node,))
+
+
+def feature_mean(h: Symbol) -> Symbol:
+    """The mean over the feature axis: a width-1 value."""
+    return feature_sum(h) * (1.0 / _first_symbol([h], "feature_mean").width)
+
+
+def layer_norm(h: Symbol, gain: Param | None = None, bias: Param | None = None, eps: float = 1e-5) -> Symbol:
+    """(h - mean) / sqrt(var + eps) over the feature axis, then * gain + bias (parameters of the
+    width of h, each optional)."""
+    centred = h - feature_mean(h)
+    y = centred * (feature_mean(centred * centred) + eps) ** -0.5
+    if gain is not None:
+        y = y * gain
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def dropout(h: Symbol, rate: float) -> Symbol:
+    """Zeroes each feature with probability `rate` and scales the rest by 1 / (1 - rate) while
+    training (engine.step, loss_and_grads, forward); the identity in predict and infer. Masks are
+    drawn per pass from the engine's seeded generator and kept for the backward pass."""
+    s = _first_symbol([h], "dropout")
+    if not _number(rate) or not 0 <= rate < 1:
+        raise TraceError(f"{_user_line()} (dropout): the rate must be a number in [0, 1), got {rate!r}")
+    if rate == 0:
+        return s
+    mask = s._t.program.add("dropout_mask", (), width=s.width, rate=float(rate), domain=s.node.domain)
+    return s._bin("mul", s._t.wrap(mask))
 
 
 def concat(*parts: Symbol) -> Symbol:
-    s = _first_symbol(parts)
-    return s._t.wrap(s._t.graph.add("concat", tuple(s._t.lift(p, "concat") for p in parts)))
+    s = _first_symbol(parts, "concat")
+    return s._op("concat", tuple(s._t.lift(p, "concat") for p in parts))
+
+
+_NUMPY_OPS = {
+    "exp": exp, "log": log, "tanh": tanh, "absolute": abs_, "maximum": maximum, "minimum": minimum,
+    "add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b,
+    "true_divide": lambda a, b: a / b, "divide": lambda a, b: a / b, "negative": lambda a: -a,
+    "power": lambda a, b: a ** b, "sqrt": lambda a: a ** 0.5,
+}

@@ -52,6 +52,11 @@ class CupyBackend:
         else:
             cupyx.scatter_add(dst, idx, src)
 
+    def max_rows(self, dst, idx, src):
+        """dst[idx[i]] = max over i of src[i] for each row idx names (a segment maximum)."""
+        dst[cupy.unique(idx)] = -cupy.inf
+        cupyx.scatter_max(dst, idx, src)
+
     def stream(self, chunks):
         """Launches `chunks` on a second CUDA stream, one event per chunk; wait(k) makes the
         current stream wait for chunk k on the device (the host does not block)."""

@@ -93,6 +93,19 @@ class NumpyBackend:
         else:
             np.add.at(dst, idx, src)
 
+    def max_rows(self, dst, idx, src):
+        """dst[idx[i]] = max over i of src[i], for each row that idx names (its old value is not
+        compared: a segment maximum); other rows keep theirs."""
+        torch = self._torch
+        if torch is not None:
+            t = torch.from_numpy
+            index = t(idx)[:, None].expand(-1, src.shape[1])
+            t(dst).scatter_reduce_(0, index, t(src), "amax", include_self=False)
+            return
+        rows = np.unique(idx)
+        dst[rows] = -np.inf
+        np.maximum.at(dst, idx, src)
+
     def stream(self, chunks):
         """Runs `chunks` (lists of closures) in order on a worker thread: the CPU's second stream.
 

@@ -1,0 +1,446 @@
+"""Lowering: F and dF, compiled once per engine into storage and per-op closures ("steps").
+
+`Lowered` decides once where every value lives (its own dynamic tensor, its concat's columns, an
+affine sum's buffer, a view of its input), which phase each op runs in (analysis.py) and which
+elementwise ops fuse (fusion.py). Its step factories, all named `*_step`, turn one op (or fused
+group) into a closure `step(a, b, t)` that runs it on rows [a, b) of its own domain -- vertex rows,
+or edge rows for per-edge values -- of task t (t = -1 for a whole-batch phase). The closures read
+the bound buffers (memory.Buffers) and this batch's message plans at call time, so one closure
+serves every batch. Which closures run on which rows of a batch is planning.py's business.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import fusion
+from .analysis import PHASES, affine_sums, concat_homes, phases
+from .memory import Buffers
+from .ops import OPS, Node
+from .support import COMPUTE, PASS, ROW_SUBSET_OPS, SKIP, ZERO, row_bounds
+
+# A product bounded by child slot k (support.row_bounds) runs on the rows with child k alone when
+# they are at most this share of its rows; above it, copying them out costs more than it saves.
+SUBSET_MAX_SHARE = 0.8
+
+
+class Lowered:
+    """The compiled program of one engine: storage, phases, fused items and the step factories."""
+
+    def __init__(self, F, dF, backend, dtype, grads: dict, options: dict, counters, timings):
+        self.backend, self.xp, self.dtype = backend, backend.xp, dtype
+        self.grads, self.options, self.counters, self.timings = grads, options, counters, timings
+        nodes = F.nodes + dF.nodes
+        self.slot = {n: i for i, n in enumerate(nodes)}
+        self.home = concat_homes(nodes)
+        # concats whose parts all live in their columns: nothing to copy (a zero-fill still runs
+        # on tasks where the concat is known zero, as its parts are then skipped)
+        self.elided = {n for n in nodes if n.op == "concat"
+                       and all(self.home.get(p, (None,))[0] is n for p in n.inputs)}
+        self.consumers: dict[Node, list[Node]] = {}
+        for n in nodes:
+            for i in n.inputs:
+                self.consumers.setdefault(i, []).append(n)
+        # with fusion on, matmul sums are computed in their root's buffer (affine_sums)
+        self.affine = {a.root: a for a in affine_sums(nodes, self.consumers)} if options["fusion"] else {}
+        self.sum_of = {n: a for a in self.affine.values() for n in a.terms + a.inner}
+        # products and parameter gradients that are zero outside the rows with some child k
+        self.bound = {n: ks for n, ks in row_bounds(nodes).items() if n.op in ROW_SUBSET_OPS}
+        self.state = F.scatter.inputs[0]
+        self.pushed = F.push.inputs[0] if F.push is not None else None
+        self.dstate = next(n for n in dF.nodes if n.op == "gather_grad_state")
+        self.dpush = next((n for n in dF.nodes if n.op == "pull_grad_output"), None)
+        self.dpull = next((n.inputs[0] for n in dF.nodes if n.op == "push_grad_input"), None)
+        self.pulls = [n for n in F.nodes if n.op == "pull"]
+        self.sources = [n for n in nodes if OPS[n.op].kind == "source"]
+        self.uses_edges = any(n.on_edges or n.op in ("num_children", "edge_sum", "edge_max") for n in nodes)
+        stored = [n for n in nodes if n.has_rows and n.op != "slice" and n not in self.home
+                  and n not in self.sum_of]
+        self.buffers = Buffers(backend, dtype, nodes, self.slot, stored, self.home, self.sum_of,
+                               fused_cpu=options["fusion"] and backend.name == "numpy")
+        self.arrays, self.based = self.buffers.arrays, self.buffers.based
+
+        loop_sources = {n for n in F.nodes if n.op in ("gather", "child_state")}
+        fwd = phases(F.nodes, loop_sources, {F.scatter})
+        bwd = phases(dF.nodes, {self.dstate}, {n for n in dF.nodes if n.op in ("scatter_grad_child",
+                                                                              "child_state_grad")})
+        self.phase_of = {**fwd, **bwd}
+        # an affine sum's first term to run writes, the others accumulate: order them by phase
+        where = self.where()
+        for a in self.affine.values():
+            a.terms.sort(key=lambda t: PHASES.index(where[self.phase_of[t]]))
+        self.forward_phases = self._phase_items(F.nodes, fwd)
+        self.backward_phases = self._phase_items(dF.nodes, bwd)
+        self.steps = {}           # (item, action) -> closure
+        self.subgroups = {}       # (fused group, its computing members) -> the smaller fused group
+        self.task_steps = {}      # loop signature -> steps, shared by tasks alike in what they skip
+        self.batch = None         # this batch's schedule and message plans (planning.BatchPlans)
+
+    def where(self) -> dict[str, str]:
+        """Where each phase's ops run: switched-off phases fold into the loop."""
+        return {"eager": "eager" if self.options["eager"] else "loop", "loop": "loop",
+                "lazy": "lazy" if self.options["lazy"] else "loop"}
+
+    def _phase_items(self, nodes, phase_of) -> dict[str, list]:
+        """Per phase, its ops in topological order (switched-off phases fold into the loop);
+        with fusion on, each fused group of elementwise ops is one item."""
+        where = self.where()
+        items = {}
+        for p in PHASES:
+            ops = [n for n in nodes if n in phase_of and where[phase_of[n]] == p]
+            fusable = [n for n in ops if n not in self.affine and n not in self.sum_of]
+            groups = fusion.bounded(fusion.find_groups(fusable, self.consumers), self.consumers) \
+                if self.options["fusion"] else []
+            items[p] = fusion.contracted_order(ops, groups)
+        return items
+
+    def fused_groups(self) -> list:
+        return [it for ph in (self.forward_phases, self.backward_phases) for items in ph.values()
+                for it in items if isinstance(it, fusion.FusedGroup)]
+
+    # ------------------------------------------------------------ the steps of one item
+
+    def step(self, item, action):
+        """The closure running `item` (a node or a fused group) with `action` (support.py's
+        COMPUTE / ZERO / PASS + k, or an affine term's "write" / "accumulate" / "fill")."""
+        key = (item, action)
+        if key not in self.steps:
+            if isinstance(action, str):
+                self.steps[key] = self.affine_step(item, action)
+            elif isinstance(item, fusion.FusedGroup):
+                self.steps[key] = self.fused_step(item)
+            elif action >= PASS:
+                self.steps[key] = self.pass_step(item, item.inputs[action - PASS])
+            else:
+                self.steps[key] = self.compute_step(item) if action == COMPUTE else self.zero_step(item)
+        return self.steps[key]
+
+    def item_steps(self, item, action_of, variants: bool = True) -> list:
+        """Closures for one item given each member's action: a fused group runs as one kernel
+        where all its members compute; where some do, as one smaller kernel of those (compiled
+        once per such combination, if `variants`) or member by member."""
+        if isinstance(item, fusion.FusedGroup):
+            acts = tuple(action_of(m) for m in item.nodes)
+            if all(a == COMPUTE for a in acts):
+                return [self.step(item, COMPUTE)]
+            # e.g. at the leaves, where the forget gates are skipped: zero-fill what must read as
+            # zero, then one kernel for the members that compute or pass an input through
+            zeros = [self.step(m, ZERO) for m, a in zip(item.nodes, acts) if a == ZERO]
+            running = [(m, a) for m, a in zip(item.nodes, acts) if a == COMPUTE or a >= PASS]
+            if sum(a == COMPUTE for _, a in running) < 2 or not variants:
+                return zeros + [self.step(m, a) for m, a in running]
+            key = (item, tuple(running))
+            if key not in self.subgroups:
+                passes = {m: a - PASS for m, a in running if a >= PASS}
+                self.subgroups[key] = fusion.describe([m for m, _ in running], self.consumers, passes)
+            return zeros + [self.step(self.subgroups[key], COMPUTE)]
+        if item in self.affine or item in self.sum_of:
+            return self.affine_steps(item, action_of)
+        a = action_of(item)
+        return [] if a == SKIP or (a == COMPUTE and item in self.elided) else [self.step(item, a)]
+
+    def affine_steps(self, n: Node, action_of) -> list:
+        """The closures of an affine sum's node on one task, from the actions of its terms."""
+        s = self.affine.get(n) or self.sum_of[n]
+        if n in s.inner or action_of(n) == SKIP:
+            return []
+        computing = [t for t in s.terms if action_of(t) == COMPUTE]
+        if n is s.root:
+            return [] if computing else [self.step(n, "fill")]
+        if n not in computing:
+            return []
+        return [self.step(n, "accumulate" if computing[0] is not n else "write")]
+
+    # ------------------------------------------------------------ step factories
+
+    def compute_step(self, n: Node):
+        """Node n on rows [a, b) of its domain."""
+        factory = {"gather": self.gather_step, "scatter_grad_child": self.scatter_grad_step,
+                   "child_state": self.child_state_step, "child_state_grad": self.child_state_grad_step,
+                   "broadcast": self.broadcast_step, "edge_sum": self.edge_reduce_step,
+                   "edge_max": self.edge_reduce_step, "edge_softmax": self.edge_softmax_step,
+                   "concat": self.concat_step}.get(n.op)
+        if factory is not None:
+            return factory(n)
+        be, A, kernels = self.backend, self.arrays, self.counters.kernels
+        o, op, attrs = self.slot[n], n.op, n.attrs
+        run = OPS[op].run
+        ins = [(self.slot[i], i.is_param) for i in n.inputs]
+        if OPS[op].kind == "reduce":
+            grad = self.grads[n.attrs["param"]]
+
+            def reduce_step(a, b, t):
+                run(be, grad, [A[s] if p else A[s][a:b] for s, p in ins], attrs)
+                kernels[op] += 1
+            step = reduce_step
+        else:
+            def op_step(a, b, t):
+                run(be, A[o][a:b], [A[s] if p else A[s][a:b] for s, p in ins], attrs)
+                kernels[op] += 1
+            step = op_step
+        return self.subset_step(n, step) if n in self.bound else step
+
+    def rows_with_children(self, n: Node, a: int, b: int):
+        """The rows of [a, b) whose vertex has one of the children that bound n
+        (support.row_bounds), as an index array, or None where they are nearly all rows (then
+        copying them out costs more than the products it saves). Cached per batch."""
+        key = (self.bound[n], a, b)
+        rows = self.batch.row_sets.get(key)
+        if rows is None:
+            present = (self.batch.sched.child_rows[a:b, sorted(key[0])] >= 0).any(axis=1)
+            count = int(present.sum())
+            rows = False if count > SUBSET_MAX_SHARE * (b - a) else self.backend.index(np.flatnonzero(present))
+            self.batch.row_sets[key] = rows
+        return None if rows is False else rows
+
+    def subset_step(self, n: Node, full_step):
+        """A product or parameter gradient whose vertex input is zero on every row without
+        certain children (support.row_bounds): where few rows have them, it multiplies those rows
+        alone (copied out, and back into the output, whose other rows get zeros); the same
+        numbers as `full_step` over all rows, without its multiplications by zero rows."""
+        be, A, kernels, xp = self.backend, self.arrays, self.counters.kernels, self.xp
+        o, op, attrs = self.slot[n], n.op, n.attrs
+        run = OPS[op].run
+        ins = [(self.slot[i], i.is_param) for i in n.inputs]
+        reduce = OPS[op].kind == "reduce"
+        grad = self.grads[n.attrs["param"]] if reduce else None
+
+        def rows_step(a, b, t):
+            rows = self.rows_with_children(n, a, b)
+            if rows is None:
+                full_step(a, b, t)
+                return
+            args = [A[s] if p else A[s][a:b][rows] for s, p in ins]
+            if reduce:
+                run(be, grad, args, attrs)
+            else:
+                out = A[o][a:b]
+                part = xp.empty((len(rows), out.shape[1]), dtype=out.dtype)
+                run(be, part, args, attrs)
+                out.fill(0)
+                out[rows] = part
+            kernels[op + "-rows"] += 1
+        return rows_step
+
+    def concat_step(self, n: Node):
+        """Copies the parts that are not stored in the concat's columns already (concat_homes)."""
+        A, kernels, o = self.arrays, self.counters.kernels, self.slot[n]
+        copies, col = [], 0
+        for p in n.inputs:
+            if self.home.get(p) != (n, col):
+                copies.append((self.slot[p], col, col + p.shape[0]))
+            col += p.shape[0]
+
+        def concat(a, b, t):
+            out = A[o]
+            for s, c0, c1 in copies:
+                out[a:b, c0:c1] = A[s][a:b]
+            kernels["concat"] += 1
+        return concat
+
+    def fused_step(self, g: "fusion.FusedGroup"):
+        """One generated kernel for a group: reads its inputs' rows, writes its outputs' rows."""
+        A, kernels = self.arrays, self.counters.kernels
+        ins = [self.slot[i] for i in g.inputs]
+        outs = [self.slot[o] for o in g.outputs]
+        if self.backend.name == "cupy":
+            kernel = fusion.compile_cupy(*fusion.cupy_source(g))
+            params = [i.is_param for i in g.inputs]
+
+            def fused_gpu(a, b, t):
+                kernel(*[A[s] if p else A[s][a:b] for s, p in zip(ins, params)], *[A[s][a:b] for s in outs])
+                kernels["fused"] += 1
+            return fused_gpu
+        kernel = fusion.compile_numba(fusion.numba_source(g), self.dtype.name)
+        based = self.based
+        params = {s for i, s in zip(g.inputs, ins) if i.is_param}
+
+        def fused(a, b, t):
+            args = []
+            for s in ins:
+                if s in params:
+                    args.append(A[s])
+                else:
+                    args += based[s]
+            for s in outs:
+                args += based[s]
+            kernel(a, b, *args)
+            kernels["fused"] += 1
+        return fused
+
+    def affine_step(self, n: Node, how: str):
+        """A term of an affine sum: "write" (the first on this task; adds the bias), or
+        "accumulate"; or the root's "fill" where no term computes (the bias, or zeros)."""
+        A, be, kernels = self.arrays, self.backend, self.counters.kernels
+        s = self.affine.get(n) or self.sum_of[n]
+        o, bias = self.slot[s.root], None if s.bias is None else self.slot[s.bias]
+        if how == "fill":
+            def fill(a, b, t):
+                A[o][a:b] = A[bias] if bias is not None else 0
+                kernels["bias-fill" if bias is not None else "zero-fill"] += 1
+            return fill
+        x, w = self.slot[n.inputs[0]], self.slot[n.inputs[1]]
+        accumulate = how == "accumulate"
+        bounded = n in self.bound
+
+        def term(a, b, t):
+            rows = self.rows_with_children(n, a, b) if bounded else None
+            if rows is None:
+                be.gemm(A[o][a:b], A[x][a:b], A[w], accumulate=accumulate,
+                        bias=None if accumulate or bias is None else A[bias])
+                kernels["matmul"] += 1
+                return
+            out = A[o][a:b]            # a term that is zero outside `rows` (see subset_step)
+            part = self.xp.empty((len(rows), out.shape[1]), dtype=out.dtype)
+            be.gemm(part, A[x][a:b][rows], A[w])
+            if not accumulate:
+                out[...] = A[bias] if bias is not None else 0
+            out[rows] += part
+            kernels["matmul-rows"] += 1
+        return term
+
+    def pass_step(self, n: Node, source: Node):
+        """An add whose other input is known zero on these rows: a copy of this one."""
+        A, o, s, kernels = self.arrays, self.slot[n], self.slot[source], self.counters.kernels
+
+        def copy(a, b, t):
+            A[o][a:b] = A[s][a:b]
+            kernels["copy"] += 1
+        return copy
+
+    def zero_step(self, n: Node):
+        A, o, kernels = self.arrays, self.slot[n], self.counters.kernels
+
+        def zero(a, b, t):
+            A[o][a:b].fill(0)
+            kernels["zero-fill"] += 1
+        return zero
+
+    # ------------------------------------------------------------ message steps (memory moves)
+
+    def gather_step(self, n: Node):
+        """gather(k): child k's state into the task's rows (zeros where a vertex has no child k)."""
+        A, k, be, counters = self.arrays, n.attrs["k"], self.backend, self.counters
+        o, state, row_bytes = self.slot[n], self.slot[self.state], n.shape[0] * self.dtype.itemsize
+
+        def gather(a, b, t):
+            t0 = time.perf_counter()
+            plan = self.batch.messages.plans[t][k]
+            out = A[o][a:b]
+            if plan.mode == "all":
+                be.take_rows(A[state], plan.child_rows, out)
+                moved = b - a
+            elif plan.mode == "none":
+                out.fill(0)
+                moved = 0
+            else:
+                out.fill(0)
+                out[plan.positions] = A[state][plan.child_rows]
+                moved = len(plan.child_rows)
+            counters.kernels["gather"] += 1
+            counters.bytes_moved["gather"] += moved * row_bytes
+            self.timings.memory_s += time.perf_counter() - t0
+        return gather
+
+    def scatter_grad_step(self, n: Node):
+        """The dual of gather(k): the rows' gradients added into child k's state gradient."""
+        A, k, be, counters = self.arrays, n.attrs["k"], self.backend, self.counters
+        dy, dstate, row_bytes = self.slot[n.inputs[0]], self.slot[self.dstate], n.shape[0] * self.dtype.itemsize
+
+        def scatter_grad(a, b, t):
+            plan = self.batch.messages.plans[t][k]
+            if plan.mode == "none":
+                return
+            t0 = time.perf_counter()
+            g = A[dy][a:b]
+            if plan.mode == "some":
+                g = g[plan.positions]
+            be.add_rows(A[dstate], plan.child_rows, g, plan.unique)
+            counters.kernels["scatter"] += 1
+            counters.bytes_moved["scatter"] += len(g) * row_bytes
+            self.timings.memory_s += time.perf_counter() - t0
+        return scatter_grad
+
+    def child_state_step(self, n: Node):
+        """children().state: every edge's child state, one indexed copy for the task's edges."""
+        A, be, counters = self.arrays, self.backend, self.counters
+        o, state, row_bytes = self.slot[n], self.slot[self.state], n.shape[0] * self.dtype.itemsize
+
+        def child_state(a, b, t):
+            if b <= a:
+                return
+            t0 = time.perf_counter()
+            be.take_rows(A[state], self.batch.edges.child[a:b], A[o][a:b])
+            counters.kernels["gather"] += 1
+            counters.bytes_moved["gather"] += (b - a) * row_bytes
+            self.timings.memory_s += time.perf_counter() - t0
+        return child_state
+
+    def child_state_grad_step(self, n: Node):
+        """The dual of children().state: each edge's gradient added into its child's d(state)."""
+        A, be, counters = self.arrays, self.backend, self.counters
+        dy, dstate, row_bytes = self.slot[n.inputs[0]], self.slot[self.dstate], n.shape[0] * self.dtype.itemsize
+
+        def child_state_grad(a, b, t):
+            if b <= a:
+                return
+            t0 = time.perf_counter()
+            be.add_rows(A[dstate], self.batch.edges.child[a:b], A[dy][a:b], self.batch.edges.unique)
+            counters.kernels["scatter"] += 1
+            counters.bytes_moved["scatter"] += (b - a) * row_bytes
+            self.timings.memory_s += time.perf_counter() - t0
+        return child_state_grad
+
+    def broadcast_step(self, n: Node):
+        """kids.broadcast(x): each edge's row is its parent's row of x (edge rows [a, b))."""
+        A, be, kernels = self.arrays, self.backend, self.counters.kernels
+        o, x = self.slot[n], self.slot[n.inputs[0]]
+
+        def broadcast(a, b, t):
+            if b > a:
+                be.take_rows(A[x], self.batch.edges.parent[a:b], A[o][a:b])
+            kernels["broadcast"] += 1
+        return broadcast
+
+    def edge_reduce_step(self, n: Node):
+        """e.sum() / e.max(): each vertex row of [a, b) from its edges (zeros where it has none),
+        as a segment reduction over the edges, which are sorted by parent."""
+        A, be, kernels, op = self.arrays, self.backend, self.counters.kernels, n.op
+        o, x = self.slot[n], self.slot[n.inputs[0]]
+        reduce_rows = be.add_rows if op == "edge_sum" else be.max_rows
+
+        def edge_reduce(a, b, t):
+            offset = self.batch.edges.offset
+            ea, eb = int(offset[a]), int(offset[b])
+            A[o][a:b].fill(0)
+            if eb > ea:
+                reduce_rows(A[o], self.batch.edges.parent[ea:eb], A[x][ea:eb])
+            kernels[op] += 1
+        return edge_reduce
+
+    def edge_softmax_step(self, n: Node):
+        """kids.softmax(s): exp(s - max) / sum over each parent's edges (edge rows [a, b))."""
+        A, be, xp, kernels = self.arrays, self.backend, self.xp, self.counters.kernels
+        o, x = self.slot[n], self.slot[n.inputs[0]]
+
+        def edge_softmax(a, b, t):
+            if b <= a:
+                kernels["edge_softmax"] += 1
+                return
+            edges = self.batch.edges
+            parent = edges.parent[a:b]
+            lo = int(edges.parent_host[a])          # the parents of these edges: rows [lo, hi)
+            hi = int(edges.parent_host[b - 1]) + 1
+            local = parent - lo
+            s, out = A[x][a:b], A[o][a:b]
+            peak = xp.zeros((hi - lo, s.shape[1]), dtype=s.dtype)
+            be.max_rows(peak, local, s)
+            be.take_rows(peak, local, out)
+            xp.subtract(s, out, out=out)
+            xp.exp(out, out=out)
+            total = xp.zeros_like(peak)
+            be.add_rows(total, local, out)
+            xp.divide(out, total[local], out=out)
+            kernels["edge_softmax"] += 1
+        return edge_softmax

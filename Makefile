@@ -37,34 +37,34 @@ fig8 fig9 table1 table2 ablation: $(STAMP)
 
 all: fig8 fig9 table1 table2 ablation
 
-# SST sentiment trained to accuracy on Cavs, DyNet and PyTorch: results/sst.csv, figures/sst.* (issue 13)
+# SST sentiment trained to accuracy on Cavs, DyNet and PyTorch: results/sst.csv, figures/sst.*
 # (like the sweeps: results/ on the reference kind of machine, else results/<kind>/, or RESULTS=)
 RESULTS_DIR  = $$($(PY) -m experiments results-dir $(if $(RESULTS),--results $(RESULTS)))
 
 sst: $(STAMP)
 	@dir=$(RESULTS_DIR) && echo "results in $$dir" && \
-	$(PY) -m experiments.sst --no-plot $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) --results $$dir && \
+	$(PY) -m experiments.studies sst $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) --results $$dir && \
 	$(PY) -m plots.sst --results $$dir
 
 # the engine's speed against DyNet, TensorFlow, PyTorch by level and the GEMM floor
 bench: $(STAMP)
-	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.bench --results $$dir
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies bench --results $$dir
 
 # the child-sum Tree-LSTM on n-ary trees against DyNet, 32 child slots against 4, and the floor: nary.csv
 nary: $(STAMP)
-	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.nary_bench --results $$dir
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies nary --results $$dir
 
-# the speed targets of issues 11 and 15 against the floor and bound of bench.csv's and nary.csv's run
+# the speed targets against the floor and bound of bench.csv's and nary.csv's run: targets.md
 targets: $(STAMP)
-	@dir=$(RESULTS_DIR) && $(PY) -m experiments.targets --results $$dir
+	@dir=$(RESULTS_DIR) && $(PY) -m experiments.studies targets --results $$dir
 
 # a Tree-LSTM epoch split into products, construction and the fixed cost per loop task: task_cost.csv
 task-cost: $(STAMP)
-	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.task_cost --results $$dir
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies task_cost --results $$dir
 
 # the cpu profile's extrapolated epochs against whole (or 20x longer) measurements: extrapolation.csv
 extrapolation: $(STAMP)
-	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.extrapolation --results $$dir
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies extrapolation --results $$dir
 
 # HEAD's engine against the baseline commit's (a git worktree), side by side, and Cavs's speedups over
 # the reference systems (checked only against a baseline of this machine kind); CI_ARGS: e.g. --rounds 1

@@ -17,19 +17,28 @@ type, cumulated, only at process exit; and the autobatcher's memory movement (th
 BatchedExecutionEngine::combine_tensors, the gradient scatter of accumulate_tensors) runs inside
 the timer of the op that consumes it, so no number DyNet reports isolates memory movement.
 DyNet runs float32 only and its CPU kernels on one thread.
+
+The Adagrad option (base.Adagrad, SST training to accuracy): dy.AdagradTrainer, with the L2 term put
+into the graph, (wd/2) ||p||^2 for the dense parameters and for each embedding row the batch looks
+up (DyNet's own weight_decay is a global multiplicative decay of all weights, a different rule).
+DyNet's trainer updates only the looked-up rows of a lookup parameter (sparse updates, its
+default) and divides by sqrt(acc + eps) rather than sqrt(acc) + eps; eps^2 in its place makes that
+the same to within float32 rounding except for gradients below ~eps. Gradient clipping (DyNet's
+default: norm 5) is switched off, as in the other systems (Tai et al. use none).
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
+from functools import cached_property
 
 import numpy as np
 
 from cavs import workloads
 from cavs.graphs import InputError, make_forest
 
-from .base import System
+from .base import System, root_of
 
 STRATEGIES = {1: "agenda", 2: "depth"}
 _state = {}   # the process's DyNet: "dy" (module), "flag" (ctypes view of autobatch_flag)
@@ -72,8 +81,12 @@ def _dynet(autobatch: int, seed: int, mem_mb: int):
 
 
 class DynetSystem(System):
+    """A paper workload in DyNet. What depends on the workload (memory_mb, param_shapes,
+    initial_params, states) is a method of its own, so that another model (dynet_child_sum.py)
+    keeps the rest: DyNet's set-up, the parameter interface, the training step, predict."""
     name = "dynet"
     supports_float64 = False
+    takes_adagrad = True
 
     def __init__(self, workload, *, autobatch: int = 1, **kwargs):
         super().__init__(workload, **kwargs)
@@ -83,9 +96,8 @@ class DynetSystem(System):
         if self.dtype != "float32":
             raise ValueError(f"DyNet computes in float32 only, got dtype {self.dtype!r}")
         self.autobatch = autobatch
-        self.dy = dy = _dynet(autobatch, self.seed, pool_mb(workload, self.hidden, self.batch_size, self.leaves))
-        self.sizes = workloads.sizes(self.workload, self.hidden, self.leaves)
-        self.shapes = workloads.param_shapes(self.workload, self.sizes)
+        self.dy = dy = _dynet(autobatch, self.seed, self.memory_mb())
+        self.shapes = self.param_shapes()
         self.model = dy.ParameterCollection()
         # DyNet is column-major and multiplies column vectors, so our row-convention `x W`
         # becomes `W^T x`: every matrix but the embedding table is stored transposed.
@@ -95,18 +107,44 @@ class DynetSystem(System):
                 self.params[name] = self.model.add_lookup_parameters(shape, name=name)
             else:
                 self.params[name] = self.model.add_parameters(shape[::-1], name=name)
-        self.trainer = dy.SimpleSGDTrainer(self.model, learning_rate=workloads.LEARNING_RATE)
-        # WORKLOADS.md's clipping: DyNet's Trainer::clip_gradients scales every gradient by
-        # clip_threshold / ||g|| when the global L2 norm ||g|| of all parameters (lookup tables: the
-        # rows with a gradient, repeated lookups summed into their row) exceeds the threshold; torch's
-        # clip_grad_norm_ divides by ||g|| + 1e-6, a relative difference below 1e-6. SimpleSGD then
-        # updates only those lookup rows, as the other systems do. (Weight decay is 0 unless set with
-        # dynet_config, and update() is never rescaled.)
-        self.trainer.set_clip_threshold(workloads.CLIP_NORM)
+        rule = self.optimizer
+        if rule is None:
+            self.trainer = dy.SimpleSGDTrainer(self.model, learning_rate=workloads.LEARNING_RATE)
+            # WORKLOADS.md's clipping: DyNet's Trainer::clip_gradients scales every gradient by
+            # clip_threshold / ||g|| when the global L2 norm ||g|| of all parameters (lookup tables: the
+            # rows with a gradient, repeated lookups summed into their row) exceeds the threshold; torch's
+            # clip_grad_norm_ divides by ||g|| + 1e-6, a relative difference below 1e-6. SimpleSGD then
+            # updates only those lookup rows, as the other systems do. (Weight decay is 0 unless set with
+            # dynet_config, and update() is never rescaled.)
+            self.trainer.set_clip_threshold(workloads.CLIP_NORM)
+        else:
+            self.trainer = dy.AdagradTrainer(self.model, learning_rate=rule.lr, eps=rule.eps * rule.eps)
+            self.trainer.set_clip_threshold(0)       # no gradient clipping (DyNet's default clips at 5)
+            self.trainer.set_sparse_updates(True)    # only looked-up embedding rows (DyNet's default)
         self._cells = {"fixed_lstm": self._lstm, "var_lstm": self._lstm,
                        "tree_fc": self._tree_fc, "tree_lstm": self._tree_lstm}
         self.timings.extra.update(threads=1, autobatch=STRATEGIES[autobatch])
-        self.set_params(workloads.init_params(self.workload, self.hidden, self.seed, "float32", self.leaves))
+        self.set_params(self.initial_params())
+
+    # ------------------------------------------------------------ the workload's
+
+    @cached_property
+    def sizes(self):
+        return workloads.sizes(self.workload, self.hidden, self.leaves, self.embed)
+
+    def memory_mb(self) -> int:
+        """DyNet's memory pools, reserved at its import (see pool_mb)."""
+        return pool_mb(self.workload, self.hidden, self.batch_size, self.leaves)
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return workloads.param_shapes(self.workload, self.sizes)
+
+    def initial_params(self) -> dict[str, np.ndarray]:
+        return workloads.init_params(self.workload, self.hidden, self.seed, "float32", self.leaves, self.embed)
+
+    def states(self, g, order, p) -> list:
+        """The h expression of every vertex of graph g (`order`: its vertices, children first)."""
+        return self._cells[self.workload](g, order, p)
 
     # ------------------------------------------------------------ parameters
 
@@ -154,31 +192,55 @@ class DynetSystem(System):
             batch = [(g, np.argsort(level, kind="stable")) for g, level in zip(graphs, levels)]
         return batch
 
-    def step(self, batch) -> float:
-        dy = self.dy
+    def _new_graph(self, trainable: bool) -> dict:
+        """A fresh computation graph under this system's autobatch strategy, and the parameters in
+        it: trainable nodes (expr(True)) or constants; the embedding table is looked up row by row."""
         flag = _state["flag"]
         if flag.value != self.autobatch:
             flag.value = self.autobatch
+        self.dy.renew_cg()
+        return {name: (q if name == "emb" else q.expr(trainable)) for name, q in self.params.items()}
+
+    def step(self, batch) -> float:
+        dy = self.dy
         with self.timings.timing("construct_s"):
-            dy.renew_cg()
-            # expr(True): a trainable node (expr() alone gives a constant); emb rows are looked up below
-            p = {name: (q if name == "emb" else q.expr(True)) for name, q in self.params.items()}
-            cell = self._cells[self.workload]
-            losses = [loss for g, order in batch for loss in cell(g, order, p)]
+            p = self._new_graph(trainable=True)
+            losses = [loss for g, order in batch for loss in self._losses(g, self.states(g, order, p), p)]
             if not losses:
                 raise InputError("no vertex in the batch carries a label, so there is no loss")
             loss = dy.esum(losses) * (1.0 / len(losses))   # the mean over the batch's loss terms
+            objective = loss
+            if self.optimizer is not None and self.optimizer.weight_decay:
+                objective = loss + self._l2_term(batch, p)
         with self.timings.timing("compute_s"):
-            value = loss.value()            # forward: autobatching happens here
+            value = objective.value()       # forward: autobatching happens here
+            if objective is not loss:
+                value = loss.value()        # the data loss alone, computed with the objective
             if self.mode == "train":
-                loss.backward()
+                objective.backward()
                 self.trainer.update()
         self.timings.samples += len(batch)
         self.timings.steps += 1
         return float(value)
 
+    def _l2_term(self, batch, p):
+        """(weight_decay / 2) ||p||^2 over the dense parameters and the embedding rows the batch
+        looks up: its gradient is Adagrad's L2 term, on those rows only."""
+        dy = self.dy
+        words = sorted({int(t) for g, _ in batch for t in g.tokens if t >= 0})
+        l2 = [dy.squared_norm(p[name]) for name in self.params if name != "emb"]
+        l2.append(dy.sum_batches(dy.squared_norm(dy.lookup_batch(self.params["emb"], words))))
+        return dy.esum(l2) * (0.5 * self.optimizer.weight_decay)
+
+    def predict(self, batch) -> np.ndarray:
+        dy = self.dy
+        p = self._new_graph(trainable=False)
+        roots = [dy.softmax(dy.affine_transform([p["bout"], p["Wout"], self.states(g, order, p)[root_of(g)]]))
+                 for g, order in batch]
+        return np.asarray(dy.concatenate_cols(roots).npvalue(), dtype=np.float64).reshape(-1, len(roots)).T
+
     # ------------------------------------------------------------ vertex functions
-    # Each returns the per-vertex loss expressions of one graph. As a DyNet user would write
+    # Each returns the h expressions of one graph's vertices. As a DyNet user would write
     # them, a vertex skips the products with absent inputs (zeros in WORKLOADS.md): leaves
     # compute only the x path, internal vertices only the children's path.
 
@@ -202,7 +264,7 @@ class DynetSystem(System):
                 pre = dy.affine_transform([p["b"], p["Wx"], x])
                 c = dy.cmult(dy.logistic(dy.pick_range(pre, 0, h)), dy.tanh(dy.pick_range(pre, 3 * h, 4 * h)))
                 hs[v], cs[v] = dy.cmult(dy.logistic(dy.pick_range(pre, 2 * h, 3 * h)), dy.tanh(c)), c
-        return self._losses(g, hs, p)
+        return hs
 
     def _children(self, g, v, hs):
         """[h_left; h_right] with zeros for an absent child, or None on a leaf."""
@@ -218,7 +280,7 @@ class DynetSystem(System):
             kids, tok = self._children(g, v, hs), g.tokens[v]
             pre = dy.affine_transform([p["b"], p["W"], kids]) if kids is not None else p["b"]
             hs[v] = dy.tanh(pre + p["emb"][int(tok)] if tok >= 0 else pre)
-        return self._losses(g, hs, p)
+        return hs
 
     def _tree_lstm(self, g, order, p):
         dy, h = self.dy, self.hidden
@@ -237,4 +299,4 @@ class DynetSystem(System):
                       for k, child in enumerate(g.children[v]) if child >= 0]
             c = dy.esum(terms) if len(terms) > 1 else terms[0]
             hs[v], cs[v] = dy.cmult(dy.pick_range(sig, 3 * h, 4 * h), dy.tanh(c)), c
-        return self._losses(g, hs, p)
+        return hs

@@ -6,6 +6,12 @@ autograd records everything, one backward over the batch's mean loss, one SGD st
 gradients clipped to a global L2 norm (WORKLOADS.md's training rule).
 `TorchSystem` and the cell functions are shared with the other PyTorch baselines (cudnn_lstm.py,
 fold.py), so all three run the same math and the same parameter handling.
+
+The per-sample system also takes the Adagrad option (base.Adagrad, SST training to accuracy):
+torch.optim.Adagrad(weight_decay=...) on the dense parameters, and for the embedding, whose
+gradient is its looked-up rows (see TorchSystem.step), torch's sparse-Adagrad code path with the L2
+term added on those rows (torch.optim.Adagrad refuses weight_decay with sparse gradients, so those
+few lines are written out here). No gradient clipping.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import torch.nn.functional as F
 
 from cavs import workloads
 from cavs.graphs import Forest, Graph, InputError, make_forest
-from .base import System
+from .base import System, root_of
 
 
 # ---------------------------------------------------------------- cells (rows = vertices, any batch)
@@ -140,9 +146,10 @@ class TorchSystem(System):
         torch.set_num_threads(self.threads)
         self.torch_device = torch.device(self.device)
         self.torch_dtype = getattr(torch, self.dtype)
-        self.sizes = workloads.sizes(workload, self.hidden, self.leaves)
+        self.sizes = workloads.sizes(workload, self.hidden, self.leaves, self.embed)
         self.timings.extra.update(threads=self.threads, device=self.device)
-        self.set_params(workloads.init_params(workload, self.hidden, self.seed, self.dtype, self.leaves))
+        self.set_params(workloads.init_params(workload, self.hidden, self.seed, self.dtype, self.leaves,
+                                              self.embed))
 
     def tensor(self, array, dtype=None) -> torch.Tensor:
         return torch.as_tensor(np.asarray(array), dtype=dtype or self.torch_dtype, device=self.torch_device)
@@ -205,13 +212,8 @@ class TorchSystem(System):
                 emb = table.index_select(0, batch.used_rows).requires_grad_()
                 loss = self.loss(batch, emb)
                 loss.backward()
-                params = self.trainable()
-                torch.nn.utils.clip_grad_norm_([emb, *params], workloads.CLIP_NORM)
                 with torch.no_grad():
-                    for p in params:
-                        p -= workloads.LEARNING_RATE * p.grad
-                        p.grad = None
-                    table.index_add_(0, batch.used_rows, emb.grad, alpha=-workloads.LEARNING_RATE)
+                    self.update(batch.used_rows, emb)
             else:
                 with torch.no_grad():
                     loss = self.loss(batch, table.index_select(0, batch.used_rows))
@@ -219,6 +221,16 @@ class TorchSystem(System):
         self.timings.steps += 1
         self.timings.samples += batch.num_samples
         return value
+
+    def update(self, rows: torch.Tensor, emb: torch.Tensor) -> None:
+        """WORKLOADS.md's SGD step on the dense parameters and on the embedding rows `rows`, whose
+        gradient is `emb.grad`."""
+        params = self.trainable()
+        torch.nn.utils.clip_grad_norm_([emb, *params], workloads.CLIP_NORM)
+        for p in params:
+            p -= workloads.LEARNING_RATE * p.grad
+            p.grad = None
+        self.params["emb"].index_add_(0, rows, emb.grad, alpha=-workloads.LEARNING_RATE)
 
     def synchronize(self) -> None:
         if self.torch_device.type == "cuda":
@@ -244,7 +256,52 @@ class SampleBatch:
 
 
 class PytorchSampleSystem(TorchSystem):
+    """eps_rule="dynet" (tests only) divides by sqrt(acc + eps^2) instead of sqrt(acc) + eps, as
+    DyNet's AdagradTrainer does: it shows that rule is all that separates DyNet's steps from these."""
     name = "pytorch"
+    takes_adagrad = True
+
+    def __init__(self, workload: str, eps_rule: str = "torch", **kwargs):
+        if eps_rule not in ("torch", "dynet"):
+            raise ValueError(f"eps_rule must be 'torch' or 'dynet', got {eps_rule!r}")
+        self.eps_rule = eps_rule
+        super().__init__(workload, **kwargs)
+
+    def set_params(self, params: dict[str, np.ndarray]) -> None:
+        """The parameters, and with the Adagrad option a fresh optimizer state for them."""
+        super().set_params(params)
+        rule = self.optimizer
+        if rule is not None:
+            self.dense_adagrad = torch.optim.Adagrad(self.trainable(), lr=rule.lr, weight_decay=rule.weight_decay,
+                                                     eps=rule.eps, initial_accumulator_value=0.0, lr_decay=0.0)
+            # the embedding's (both rules) and, for eps_rule="dynet", the dense parameters'
+            self.accumulators = {k: torch.zeros_like(v, requires_grad=False) for k, v in self.params.items()}
+
+    def update(self, rows: torch.Tensor, emb: torch.Tensor) -> None:
+        rule = self.optimizer
+        if rule is None:
+            return super().update(rows, emb)
+        lr, wd, eps = rule.lr, rule.weight_decay, rule.eps
+        if self.eps_rule == "torch":
+            self.dense_adagrad.step()
+        else:
+            for k, q in self.params.items():
+                if k != "emb":
+                    g = q.grad + wd * q
+                    self.accumulators[k].addcmul_(g, g)
+                    q.sub_(lr * g / (self.accumulators[k] + eps * eps).sqrt())
+        self.dense_adagrad.zero_grad(set_to_none=True)
+        # the embedding: torch's sparse Adagrad code path, plus L2 on the rows used
+        table, acc = self.params["emb"], self.accumulators["emb"]
+        values = emb.grad
+        if wd:
+            values = values + wd * table.index_select(0, rows)
+        acc.index_add_(0, rows, values * values)
+        if self.eps_rule == "torch":
+            std = acc.index_select(0, rows).sqrt_().add_(eps)
+        else:
+            std = acc.index_select(0, rows).add_(eps * eps).sqrt_()
+        table.index_add_(0, rows, values / std, alpha=-lr)
 
     def prepare(self, samples: list) -> SampleBatch:
         with self.timings.timing("construct_s"):
@@ -262,7 +319,20 @@ class PytorchSampleSystem(TorchSystem):
     def loss(self, batch: SampleBatch, emb: torch.Tensor) -> torch.Tensor:
         return sum(self.sample_loss(batch, i, emb) for i in range(batch.num_samples)) / batch.terms
 
+    def predict(self, batch: SampleBatch) -> np.ndarray:
+        p = self.params
+        with torch.no_grad():
+            emb = p["emb"].index_select(0, batch.used_rows)
+            roots = [self.sample_states(batch, i, emb)[root_of(g)][:, :self.hidden] for i, g in enumerate(batch.graphs)]
+            return np.stack([torch.softmax(h @ p["Wout"] + p["bout"], dim=1)[0].cpu().numpy() for h in roots])
+
     def sample_loss(self, batch: SampleBatch, i: int, emb: torch.Tensor) -> torch.Tensor:
+        state = self.sample_states(batch, i, emb)
+        h = torch.cat([state[v][:, :self.hidden] for v in batch.labelled[i]])
+        return summed_cross_entropy(self.params, h, batch.targets[i])
+
+    def sample_states(self, batch: SampleBatch, i: int, emb: torch.Tensor) -> list:
+        """Sample i's vertex states, in its own vertex order; `emb` holds the rows batch.used_rows."""
         g, p, cell = batch.graphs[i], self.params, SKIPPING_CELLS[self.workload]
         # one embedding lookup per sample (a lookup per vertex would cost, in the backward, a zero
         # tensor the size of the table each), split into rows that share one backward node
@@ -272,5 +342,4 @@ class PytorchSampleSystem(TorchSystem):
         state = [None] * g.num_vertices
         for v in batch.orders[i]:
             state[v] = cell(p, x[v], *(state[c] if c >= 0 else None for c in children[v]))
-        h = torch.cat([state[v][:, :self.hidden] for v in batch.labelled[i]])
-        return summed_cross_entropy(p, h, batch.targets[i])
+        return state

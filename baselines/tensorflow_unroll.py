@@ -47,9 +47,9 @@ class TensorflowSystem(System):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
         _set_threads(self.threads)
         self.tf_dtype = tf.as_dtype(self.dtype)
-        sizes = workloads.sizes(self.workload, self.hidden)
+        sizes = workloads.sizes(self.workload, self.hidden, embed=self.embed)
         self.shapes = workloads.param_shapes(self.workload, sizes)
-        init = workloads.init_params(self.workload, self.hidden, self.seed, self.dtype)
+        init = workloads.init_params(self.workload, self.hidden, self.seed, self.dtype, embed=self.embed)
         self.vars = {name: tf.Variable(value, name=name) for name, value in init.items()}
         self.timings.extra.update(threads=self.threads, traces=0)
         if self.workload == "var_lstm":

@@ -9,6 +9,10 @@ executors, ci_bench) and the studies' (experiments/studies/) use these helpers a
 - `emit(result)` / `run(...)`: a measuring process prints one `CELL_RESULT {json}` line; `run`
   starts one (`python -m MODULE ARGS...`) in its own process group under a time limit, keeps its
   stderr in a log, and returns that result, or {"status": "failed: ..."} / {"status": "timeout"}.
+- `run_records(...)`: the same for a process that reports as it goes (SST's epochs): every result
+  line it printed, and how it ended; its progress on stderr passes through.
+- `file_order_cell(...)` / `keep_fastest(...)`: the sweep cell a study times a system with (bench,
+  policies), and the fastest of a study's interleaved rounds.
 - `write_rows(path, rows)`: a study's CSV, written whole to a temporary file and renamed over.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,6 +128,58 @@ def run_cell(cell: dict, time_limit_s: float, log_dir: Path, root: Path | None =
     (default: this one; `make bench-ci` runs the baseline commit's from a worktree)."""
     return run("experiments.cell", [json.dumps(cell)], threads=cell["threads"], time_limit_s=time_limit_s,
                log=Path(log_dir) / f"{cell['cell_id']}.log", root=root)
+
+
+def run_records(module: str, args: list[str], *, threads: int = 1,
+                time_limit_s: float) -> tuple[list[dict], str]:
+    """`python -m module *args` as run() starts it, for a process that prints a result line per step
+    it finishes: those results in order, and how it ended (ok / timeout / failed: exit code N); what it
+    reported before a timeout or a crash is kept. Its stderr (progress bars) passes through and its
+    other output is echoed as it comes."""
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, text=True,
+                            env=env(threads), start_new_session=True, cwd=REPO)
+    timed_out = threading.Event()
+
+    def kill():
+        timed_out.set()
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(time_limit_s, kill)
+    timer.start()
+    records = []
+    try:
+        for line in proc.stdout:
+            if line.startswith(RESULT_MARK):
+                records.append(json.loads(line[len(RESULT_MARK):]))
+            else:
+                sys.stdout.write(line)
+        returncode = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:                        # the driver itself is being stopped
+            os.killpg(proc.pid, signal.SIGKILL)
+    if timed_out.is_set():
+        return records, "timeout"
+    return records, "ok" if returncode == 0 else f"failed: exit code {returncode}"
+
+
+def file_order_cell(system: str, workload: str, hidden: int, samples: int, options: dict, repeats: int,
+                    leaves: int = 256) -> dict:
+    """The sweep cell the studies time a system with (bench, policies): training on the first
+    `samples` samples of the file in batches of 64, one thread, one untimed warm-up batch, the
+    fastest of `repeats` passes (run it with run_cell)."""
+    name = "-".join([system, workload, f"h{hidden}", f"n{samples}", *(f"{k}={v}" for k, v in sorted(options.items()))])
+    return {"cell_id": name, "system": system, "workload": workload, "hidden": hidden, "batch_size": 64,
+            "mode": "train", "threads": 1, "leaves": leaves, "device": "cpu", "options": options,
+            "samples": samples, "warmup_batches": 1, "repeats": repeats, "order": "file"}
+
+
+def keep_fastest(best: dict, key, result: dict, time_field: str = "total_s") -> None:
+    """Keeps in best[key] the faster of the result there and `result`; a result without the time
+    (a failed one) counts as the slowest, so it stays only while no round has succeeded."""
+    slowest = float("inf")
+    if key not in best or result.get(time_field, slowest) < best[key].get(time_field, slowest):
+        best[key] = result
 
 
 def write_rows(path: Path, rows: list[dict], fields: list[str] | None = None) -> Path:

@@ -216,21 +216,21 @@ def test_resuming_never_mixes_machines(tmp_path):
     runner._check_same_machine(tmp_path)
 
 
-# ---------------------------------------------------------------- bench's floors
+# ---------------------------------------------------------------- the floors
 
 @pytest.mark.parametrize("workload", ["tree_lstm", "var_lstm"])
 def test_frontier_rows_cover_each_vertex_with_children_once(workload):
     """The frontier bound times every loop task's state matmul: its rows must be exactly the
     vertices with children (each in one task), so its flops are a part of the floor's."""
-    from experiments import bench
+    from experiments import floors
     import cavs
     samples = cavs.datasets.load_samples(workload, limit=100)
-    rows = bench.frontier_rows(workload, 64, samples, batch_size=32)
+    rows = floors.frontier_rows(workload, 64, samples, batch_size=32)
     graphs = [cavs.workloads.to_graph(workload, x, i) for i, x in enumerate(samples)]
     assert sum(rows) == sum(int((g.children >= 0).any(axis=1).sum()) for g in graphs)
     assert min(rows) > 0 and len(rows) >= max(int(cavs.graphs.levels(g.children).max()) for g in graphs)
-    state_flops = 2 * 2 * sum(rows) * bench.state_in_width(workload, 64) * bench.GATES[workload] * 64
-    assert state_flops < 2 * bench.needed_macs(workload, 64, samples)
+    state_flops = 2 * 2 * sum(rows) * floors.state_in_width(workload, 64) * floors.GATES[workload] * 64
+    assert state_flops < 2 * floors.needed_macs(workload, 64, samples)
 
 
 def test_claims_pair_each_cell_with_its_own_panel():
@@ -350,7 +350,7 @@ def test_dynets_memory_movement_is_sampled_in_its_table2_cells():
 
 
 def test_extrapolation_check_compares_a_slice_with_a_long_run(tmp_path):
-    from experiments import extrapolation
+    from experiments.studies import extrapolation
     assert extrapolation.long_samples(64, 64, 10, 8192) == 640
     assert extrapolation.long_samples(64, 64, "epoch", 8192) is None
     assert extrapolation.long_samples(1000, 64, 10, 8192) is None          # 10x would pass the epoch
@@ -360,15 +360,16 @@ def test_extrapolation_check_compares_a_slice_with_a_long_run(tmp_path):
     assert row["long_samples"] >= 10 * row["slice_samples"] or row["long_is_epoch"]
     # (the fake's sleeps are milliseconds: on a loaded machine its error says nothing, so it is not bounded)
     assert row["rel_error"] == pytest.approx(row["extrapolated_epoch_s"] / row["measured_epoch_s"] - 1, abs=0.01)
-    extrapolation.write_csv(tmp_path / "extrapolation.csv", [row])
+    launch.write_rows(tmp_path / "extrapolation.csv", [row], list(extrapolation.COLUMNS))
     with open(tmp_path / "extrapolation.csv") as f:
         assert next(csv.reader(f)) == list(extrapolation.COLUMNS)
 
 
 def test_targets_compare_each_goal_with_the_floor_of_its_own_run(tmp_path):
-    """experiments.targets: a met target, one below the floor, one below the frontier bound, one
+    """The targets study: a met target, one below the floor, one below the frontier bound, one
     reachable but not met, and a missing measurement, from hand-made rows."""
-    from experiments import targets
+    from experiments.studies import targets
+    from experiments.studies.__main__ import main as run_study
     fields = ["workload", "hidden", "system", "total_s", "construct_s", "floor_s", "frontier_bound_s",
               "status", "git_rev"]
     bench = [("tree_lstm", 512, "cavs", 6.0, 0.1, 5.0, 5.5), ("tree_lstm", 512, "pytorch-levels", 9.0, 0.1, 5.0, 5.5),
@@ -379,8 +380,8 @@ def test_targets_compare_each_goal_with_the_floor_of_its_own_run(tmp_path):
         w = csv.writer(f)
         w.writerow(fields)
         w.writerows([*r, "ok", "abc1234"] for r in bench)
-    assert targets.main(["--results", str(tmp_path)]) == 0
-    rows = {(r["target"]): r for r in targets.assess(targets._read(tmp_path / "bench.csv"), [])}
+    assert run_study(["targets", "--results", str(tmp_path)]) == 0
+    rows = {(r["target"]): r for r in targets.assess(results.read_rows(tmp_path / "bench.csv"), [])}
     verdict = {k: v["verdict"] for k, v in rows.items()}
     assert verdict["Tree-LSTM h = 512 within 1.25x of the frontier bound"] == "met"       # 6.0 / 5.5
     assert verdict["Tree-LSTM h = 512 at least 2x faster than PyTorch by level"].endswith("GEMM floor")  # 4.5 < 5
@@ -393,21 +394,21 @@ def test_targets_compare_each_goal_with_the_floor_of_its_own_run(tmp_path):
     assert "abc1234" in text and text.count("\n| #") == len(targets.TARGETS)
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert targets.main(["--results", str(empty)]) == 2
+    assert run_study(["targets", "--results", str(empty)]) == 2
 
 
 def test_nary_floor_counts_each_product_on_the_rows_that_have_its_input():
     import cavs
-    from experiments.nary_bench import needed_macs
+    from experiments.floors import child_sum_macs
     g = cavs.Graph.from_children([[], [], [], [0, 1, 2]], tokens=[3, 4, 5, -1], labels=[1, 1, -1, 2])
     H, E, C = 8, 6, 5
     words, inner, edges, labelled = 3, 1, 3, 3
-    assert needed_macs([g], H, E, C) == 3 * (words * E * 4 * H + inner * H * 3 * H + edges * H * H + labelled * H * C)
+    assert child_sum_macs([g], H, E, C) == 3 * (words * E * 4 * H + inner * H * 3 * H + edges * H * H + labelled * H * C)
 
 
 def test_task_cost_splits_compute_into_products_and_the_rest(tmp_path):
-    from experiments import task_cost
-    assert task_cost.main(["--hidden", "8", "--passes", "1", "--samples", "64", "--results", str(tmp_path)]) == 0
+    from experiments.studies.__main__ import main as run_study
+    assert run_study(["task_cost", "--hidden", "8", "--passes", "1", "--samples", "64", "--results", str(tmp_path)]) == 0
     with open(tmp_path / "task_cost.csv") as f:
         (row,) = list(csv.DictReader(f))
     assert int(row["gemm_calls"]) > 0 and int(row["loop_tasks"]) > 0 and int(row["launches"]) >= int(row["loop_tasks"])
@@ -418,7 +419,7 @@ def test_task_cost_splits_compute_into_products_and_the_rest(tmp_path):
 def test_task_cost_tells_the_three_products_apart_by_their_layout():
     """The engine's three products (ops.py): out = x W, dx = dy W^T, dW += x^T dy, on views."""
     import numpy as np
-    from experiments.task_cost import gemm_kind
+    from experiments.studies.task_cost import gemm_kind
     buf, w = np.zeros((10, 12), dtype=np.float32), np.zeros((4, 6), dtype=np.float32)
     x, dy = buf[:, 2:6], buf[:, 6:12]          # column slices of one buffer, as dynamic tensors hold them
     assert gemm_kind(x, w) == "forward"

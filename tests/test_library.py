@@ -1,11 +1,10 @@
 """Cavs as a library (issue 11), through the public API only: a child-sum Tree-LSTM written by a
-user (examples/child_sum_tree_lstm.py) against a per-graph PyTorch float64 reference on n-ary
+user (cavs/models/child_sum.py) against a per-graph PyTorch float64 reference on n-ary
 trees (arity up to 32) and a DAG; every batching policy; finite differences; one optimizer step
 against torch.optim; the errors a user sees for bad graphs and bad vertex functions; save/load;
-a model that reads float features (inputs=D); the same model in DyNet (experiments/nary_bench.py)."""
+a model that reads float features (inputs=D); the same model in DyNet (baselines/dynet_child_sum.py)."""
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
@@ -18,21 +17,12 @@ import pytest
 
 import cavs
 from cavs import concat, tanh
+from cavs.models import child_sum
 
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
 H, E, V, C = 4, 3, 10, 5          # hidden, embedding width, vocabulary, classes (float64 checks)
-
-
-def load_example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-child_sum = load_example("child_sum_tree_lstm")
 
 
 # ---------------------------------------------------------------- input graphs
@@ -505,11 +495,11 @@ def test_feature_model_trains_and_passes_finite_differences():
 # ---------------------------------------------------------------- the same model in DyNet
 
 def test_dynet_child_sum_gives_the_same_losses_as_cavs():
-    """experiments/nary_bench.py's DyNet model (child loop over the actual children) against
+    """baselines/dynet_child_sum.py's DyNet model (child loop over the actual children) against
     Cavs on the same n-ary SST batch from the same weights, three SGD steps (float32)."""
     pytest.importorskip("dynet")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "experiments.nary_bench", "--check", "--trees", "8",
+    proc = subprocess.run([sys.executable, "-m", "experiments.studies", "nary", "--check", "--trees", "8",
                            "--hidden", "16", "--embed", "8", "--batch-size", "8"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

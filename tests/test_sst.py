@@ -1,5 +1,5 @@
-"""SST training to accuracy (issue 13): the three systems take the same Adagrad steps from the same
-weights, and the harness runs end to end."""
+"""SST training to accuracy: the three systems take the same Adagrad steps from the same weights,
+and the study runs end to end."""
 import csv
 import importlib.util
 import subprocess
@@ -11,8 +11,7 @@ import pytest
 
 from cavs.models.datasets import load_samples
 from cavs.models.workloads import init_params
-from experiments import sst
-from experiments.sst_systems import make
+from experiments.studies import sst
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_DYNET = importlib.util.find_spec("dynet") is not None
@@ -26,9 +25,9 @@ def trees():
 
 
 def _run(name, trees, dtype, **kw):
-    t = make(name, hidden=H, embed=E, dtype=dtype, lr=0.05, weight_decay=1e-4, seed=0, **kw)
+    t = sst.make_system(name, hidden=H, embed=E, dtype=dtype, lr=0.05, weight_decay=1e-4, seed=0, **kw)
     t.set_params(init_params("tree_lstm", H, 0, dtype, embed=E))
-    losses = [t.train_step(trees[i:i + BS]) for i in range(0, STEPS * BS, BS)]
+    losses = [t.step(t.prepare(trees[i:i + BS])) for i in range(0, STEPS * BS, BS)]
     return np.array(losses), t
 
 
@@ -47,7 +46,7 @@ def test_cavs_steps_match_pytorch_float64(trees, reference):
     for name in theirs:
         np.testing.assert_allclose(mine[name], theirs[name], rtol=1e-7, atol=1e-9, err_msg=name)
     dev = list(load_samples("tree_lstm", "dev", limit=7))
-    np.testing.assert_allclose(cavs.predict(dev), ref.predict(dev), rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(cavs.predict(cavs.prepare(dev)), ref.predict(ref.prepare(dev)), rtol=1e-8, atol=1e-12)
 
 
 @needs_dynet
@@ -59,7 +58,8 @@ def test_dynet_steps_match_pytorch(trees, reference):
     np.testing.assert_allclose(losses, reference["dynet"][0], rtol=2e-5)
     np.testing.assert_allclose(losses, reference["torch"][0], rtol=2e-4)
     dev = list(load_samples("tree_lstm", "dev", limit=7))
-    np.testing.assert_allclose(dynet.predict(dev), reference["dynet"][1].predict(dev), atol=1e-4)
+    theirs = reference["dynet"][1]
+    np.testing.assert_allclose(dynet.predict(dynet.prepare(dev)), theirs.predict(theirs.prepare(dev)), atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["cavs", "pytorch", pytest.param("dynet", marks=needs_dynet)])
@@ -97,13 +97,17 @@ def test_epoch_order_and_slices():
 
 
 def test_harness_end_to_end(tmp_path):
-    """A tiny run of every system through the real subprocess path writes the CSV, figure and summary."""
+    """A tiny run of every system through the real subprocess path writes the CSV; the plot step
+    after it (as `make sst` runs it) the figure and summary."""
     systems = "cavs,pytorch" + (",dynet" if HAVE_DYNET else "")
-    cmd = [sys.executable, "-m", "experiments.sst", "--profile", "quick", "--systems", systems,
+    cmd = [sys.executable, "-m", "experiments.studies", "sst", "--profile", "quick", "--systems", systems,
            "--hidden", "8", "--embed", "8", "--train-limit", "30", "--partial-trees", "10", "--epochs", "2",
            "--dev-limit", "12", "--test-limit", "12", "--batch-size", "5", "--eval-batch", "6",
            "--results", str(tmp_path), "--quiet"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-m", "plots.sst", "--results", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     with open(tmp_path / "sst.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -5,23 +5,19 @@ epoch, whose own sampling error is then a few percent), each in its own process 
 writes RESULTS/extrapolation.csv and fails when an extrapolation is off by more than --max-error
 (default 15%).
 
-    python -m experiments.extrapolation [--results results] [--only 1,5,...] [--list]
-    python -m experiments.extrapolation --slice first --warmup last     # the harness's former slice choice
+    python -m experiments.studies extrapolation [--results results] [--only 1,5,...] [--list]
+    python -m experiments.studies extrapolation --slice first --warmup last   # the harness's former slice choice
 
 About 11-15 minutes on a quiet 2-core machine (`--list` prints the cells and the cost model's guesses).
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import io
-import os
 import sys
 import time
 from pathlib import Path
 
-from . import environment, launch, runner
-from .profiles import (DEFAULT_STARTUP_S, STARTUP_S, estimated_cell_s, get_profile, measured_samples,
+from .. import environment, launch, runner
+from ..profiles import (DEFAULT_STARTUP_S, STARTUP_S, estimated_cell_s, get_profile, measured_samples,
                        sample_cost_s)
 
 # (system, workload, batch_size, hidden, long): long = "epoch" (the whole epoch) or a multiple of the slice.
@@ -106,27 +102,16 @@ def estimate_s(entry) -> float:
     return estimated_cell_s(profile, cell, epoch) + startup + (n + bs) * per_sample
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(buf.getvalue())
-    os.replace(tmp, path)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.extrapolation",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", default="results", help="writes RESULTS/extrapolation.csv")
+def add_arguments(parser) -> None:
     parser.add_argument("--only", help="comma-separated cell numbers (see --list), e.g. 1,6,9")
     parser.add_argument("--list", action="store_true", help="print the cells and exit")
     parser.add_argument("--max-error", type=float, default=0.15)
     parser.add_argument("--slice", default="spread", choices=("spread", "first"), help="the slice under test")
     parser.add_argument("--warmup", default="largest", choices=("largest", "last"))
     parser.add_argument("--out", help="file name under RESULTS (default extrapolation.csv)")
-    args = parser.parse_args(argv)
+
+
+def main(results_dir: Path, args) -> int:
     chosen = [int(x) for x in args.only.split(",")] if args.only else list(range(1, len(CELLS) + 1))
     if args.list:
         total = 0.0
@@ -136,7 +121,6 @@ def main(argv=None) -> int:
             print(f"{i:>3}  {c[0]:<12} {c[1]:<11} bs={c[2]:<4} h={c[3]:<5} long={c[4]:<6} ~{guess / 60:4.1f} min")
         print(f"cells {','.join(map(str, chosen))}: ~{total / 60:.0f} min (cost model of profiles.py, 2-core reference)")
         return 0
-    results_dir = Path(args.results)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / (args.out or "extrapolation.csv")
     rows, bad = [], []
@@ -148,7 +132,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         row = check_cell(entry, results_dir, args.slice, args.warmup)
         rows.append(row)
-        write_csv(path, rows)          # after every cell: a killed check keeps what it measured
+        launch.write_rows(path, rows, list(COLUMNS))    # after every cell: a killed check keeps what it measured
         ok = row["status"] == "ok" and abs(row["rel_error"]) <= args.max_error
         if not ok:
             bad.append(row)
@@ -164,7 +148,3 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

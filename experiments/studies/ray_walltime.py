@@ -1,6 +1,6 @@
 """Wall time of one sweep with the local executor and on a local Ray cluster of N one-CPU worker nodes.
 
-    python -m experiments.ray_walltime [--experiment fig8] [--profile quick] [--systems cavs] [--workers 2]
+    python -m experiments.studies ray_walltime [--experiment fig8] [--profile quick] [--systems cavs] [--workers 2]
 
 Runs the sweep twice into fresh temporary directories (nothing under results/ is touched): first cell by
 cell here, then as Ray tasks on a cluster of a head node (no CPUs for cells) and `--workers` nodes of one
@@ -9,31 +9,31 @@ time apart, and whether both sweeps gave the same cells and statuses.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from . import executors, machine, results, runner
-from .profiles import get_profile
-from .registry import get_experiment
+from .. import executors, machine, results, runner
+from ..profiles import get_profile
+from ..registry import get_experiment
 
 
 def statuses(results_dir: Path, experiment: str) -> dict[str, str]:
     return {r["cell_id"]: r["status"] for r in results.read_rows(results.csv_path(results_dir, experiment))}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m experiments.ray_walltime", description=__doc__.split("\n")[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--experiment", default="fig8")
     parser.add_argument("--profile", default="quick")
     parser.add_argument("--systems", default="cavs", help="comma-separated (default: cavs)")
     parser.add_argument("--panels", help="comma-separated subset of panels (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="one-CPU worker nodes of the Ray cluster")
-    args = parser.parse_args(argv)
+
+
+def main(results_dir: Path, args) -> int:
+    """results_dir is not written: both sweeps measure into temporary directories."""
     exp, profile = get_experiment(args.experiment), get_profile(args.profile)
     systems = args.systems.split(",") if args.systems else None
     panels = args.panels.split(",") if args.panels else None
@@ -75,7 +75,3 @@ def main(argv=None):
           f"   (+{start_s:.1f} s to start the cluster)")
     print(f"speedup: {local_s / ray_s:.2f}x; same cells and statuses: {same}")
     return 0 if same else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

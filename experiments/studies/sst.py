@@ -1,11 +1,14 @@
-"""SST sentiment trained to accuracy on Cavs, DyNet and PyTorch (issue 13).
+"""SST sentiment trained to accuracy on Cavs, DyNet and PyTorch.
 
-    python -m experiments.sst --profile quick|cpu|paper --results DIR --systems cavs,dynet,pytorch
+    python -m experiments.studies sst --profile quick|cpu|paper --results DIR --systems cavs,dynet,pytorch
+    python -m plots.sst --results DIR          # then the figure and summary (`make sst` runs both)
 
 The WORKLOADS.md Tree-LSTM (h = 150, embedding width 300, as Tai et al. 2015's constituency
 Tree-LSTM; the embeddings start random, pretrained vectors are not available here) trained on SST
 train with every vertex's label in the loss (mean over the batch's vertices), Adagrad lr 0.05 with
-L2 1e-4 (experiments/sst_systems.py has the exact rule), batch size 25, no gradient clipping.
+L2 1e-4, batch size 25, no gradient clipping. Each system is the baselines/ one (Cavs, DyNet with
+autobatching, PyTorch one vertex at a time) with the Adagrad option: baselines/base.py has the
+exact rule, and each system's module how it follows it.
 After each epoch: root accuracy on dev, fine-grained (5 classes) and binary (the 5-class
 distribution collapsed, P(0)+P(1) against P(3)+P(4), over the dev trees whose gold root label is
 not 2). At the end: test accuracy with the parameters of the best dev epoch (fine-grained).
@@ -15,35 +18,34 @@ same order: epoch e trains on the training set permuted by np.random.default_rng
 into consecutive batches (the last one partial; no tree is dropped). A system that trains on a
 slice of an epoch (PyTorch, which goes one vertex at a time) takes the first trees of that order.
 
-Each system runs in its own process (started one after the other, so they never share the
-machine's cores) with one compute thread (OMP/MKL/... variables, torch.set_num_threads, the
-engine's threadpool limit) and flush-to-zero set by this harness for all of them. Timing:
-train_s is the wall time of the epoch's training steps (batch reading/graph construction, forward,
-backward and update, all included: what each system's user waits for), after one untimed warm-up
-(`warmup_s`: forward and backward of the first batch without an update, which compiles Cavs's
-fused kernels, and a predict; recorded, never hidden); eval_s is the time of
-`predict` over the dev set, in batches of `eval_batch` trees; wall_s = the running sum of both.
-Time-to-accuracy (plots/sst.py) uses the running training time (cum_train_s) and reports wall_s too.
+Each system runs in its own process (a cell, started one after the other, so they never share
+the machine's cores) with one compute thread (OMP/MKL/... variables, torch.set_num_threads, the
+engine's threadpool limit) and flush-to-zero set by this harness for all of them; it reports each
+epoch as it ends. Timing: train_s is the wall time of the epoch's training steps (batch
+reading/graph construction, forward, backward and update, all included: what each system's user
+waits for), after one untimed warm-up (`warmup_s`: System.warm_up on the first batch, which
+changes no weight: Cavs compiles its fused kernels with a forward and backward; recorded, never
+hidden); eval_s is the time of `predict` over the dev set, in batches of `eval_batch` trees;
+wall_s = the running sum of both. Time-to-accuracy (plots/sst.py) uses the running training time
+(cum_train_s) and reports wall_s too.
 
 Results: DIR/sst.csv, one row per system and epoch (the rows of the systems run replace their older
-rows), and DIR/figures/sst.png/.pdf/.md (plots/sst.py).
+rows); plots/sst.py draws DIR/figures/sst.png/.pdf/.md from it.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-ROW_MARK = "SST_ROW "
+from .. import environment, launch
+from ..results import read_rows
+
 SYSTEMS = ("cavs", "dynet", "pytorch")
 CLASSES = 5
 COLUMNS = (
@@ -80,7 +82,7 @@ PROFILES = {p.name: p for p in (
 
 @dataclass
 class Config:
-    """What one system's worker process runs."""
+    """What one system's process (a cell) runs."""
     system: str
     profile: str
     epochs: int
@@ -139,26 +141,40 @@ def accuracies(probs: np.ndarray, gold: np.ndarray) -> tuple[float, float]:
 
 # ---------------------------------------------------------------- one system, in its own process
 
-def _emit(record: dict) -> None:
-    print(ROW_MARK + json.dumps(record), flush=True)
+def make_system(name: str, *, hidden: int, embed: int, dtype: str, lr: float, weight_decay: float,
+                threads: int = 1, seed: int = 0, batch_size: int = 25, eval_batch: int = 100, **options):
+    """System `name` of baselines/ for SST training: the Tree-LSTM at these sizes, Adagrad."""
+    from baselines import get_system
+    from baselines.base import Adagrad
+    # batch_size: the largest batch it is given (DyNet reserves its memory pools for it)
+    return get_system(name)("tree_lstm", hidden=hidden, embed=embed, dtype=dtype, threads=threads, seed=seed,
+                            batch_size=max(batch_size, eval_batch),
+                            optimizer=Adagrad(lr=lr, weight_decay=weight_decay), **options)
 
 
-def run_worker(cfg: Config) -> None:
+def predict(system, trees: list, eval_batch: int) -> np.ndarray:
+    """Root probabilities, (len(trees), 5), computed `eval_batch` trees at a time."""
+    out = [system.predict(system.prepare(trees[i:i + eval_batch])) for i in range(0, len(trees), eval_batch)]
+    return np.concatenate(out) if out else np.zeros((0, CLASSES))
+
+
+def cell(spec: dict) -> dict:
+    """Trains one system as Config `spec` says, reporting each epoch (launch.emit) as it ends; its
+    result is the test accuracy of its best dev epoch."""
     from tqdm import tqdm
 
     from cavs.models.datasets import load_samples
     from cavs.models.workloads import init_params
-    from .sst_systems import make
-
+    cfg = Config(**spec)
     try:                      # the same numeric environment for every system: flush-to-zero on
         import torch
         torch.set_flush_denormal(True)
         torch.set_num_threads(cfg.threads)
     except ImportError:
         pass
-    system = make(cfg.system, hidden=cfg.hidden, embed=cfg.embed, dtype=cfg.dtype, lr=cfg.lr,
-                  weight_decay=cfg.weight_decay, threads=cfg.threads, seed=cfg.seed,
-                  eval_batch=cfg.eval_batch, batch_size=cfg.batch_size)
+    system = make_system(cfg.system, hidden=cfg.hidden, embed=cfg.embed, dtype=cfg.dtype, lr=cfg.lr,
+                         weight_decay=cfg.weight_decay, threads=cfg.threads, seed=cfg.seed,
+                         batch_size=cfg.batch_size, eval_batch=cfg.eval_batch)
     system.set_params(init_params("tree_lstm", cfg.hidden, cfg.seed, cfg.dtype, embed=cfg.embed))
     train = spread(load_samples("tree_lstm", "train"), cfg.train_limit)
     dev = spread(load_samples("tree_lstm", "dev"), cfg.dev_limit)
@@ -169,7 +185,7 @@ def run_worker(cfg: Config) -> None:
 
     # untimed warm-up on the first batch of epoch 1 (Cavs: kernel compilation); no update
     t0 = time.perf_counter()
-    system.warmup([train[i] for i in epoch_order(len(train), cfg.seed, 1)][:cfg.batch_size])
+    system.warm_up(system.prepare([train[i] for i in epoch_order(len(train), cfg.seed, 1)][:cfg.batch_size]))
     sets["warmup_s"] = time.perf_counter() - t0
     best, best_params = None, None
     cum_train = cum_wall = 0.0
@@ -183,7 +199,7 @@ def run_worker(cfg: Config) -> None:
         done = 0
         t0 = time.perf_counter()
         for k, batch in enumerate(bar):
-            loss = system.train_step(batch)
+            loss = system.step(system.prepare(batch))
             loss_sum += loss * weights[k]
             done += weights[k]
             bar.set_postfix(loss=f"{loss_sum / done:.4f}", refresh=False)
@@ -192,7 +208,7 @@ def run_worker(cfg: Config) -> None:
         if not np.isfinite(loss_sum):
             raise FloatingPointError(f"{cfg.system}: training loss became {loss_sum} in epoch {epoch}")
         t0 = time.perf_counter()
-        probs = system.predict(dev)
+        probs = predict(system, dev, cfg.eval_batch)
         eval_s = time.perf_counter() - t0
         fine, binary = accuracies(probs, dev_gold)
         cum_train += train_s
@@ -201,7 +217,7 @@ def run_worker(cfg: Config) -> None:
                "trees": len(trees), "train_s": train_s, "eval_s": eval_s, "cum_train_s": cum_train,
                "wall_s": cum_wall, "train_loss": loss_sum / done, "dev_fine": fine, "dev_binary": binary,
                "train_trees_per_s": len(trees) / train_s, "eval_trees_per_s": len(dev) / eval_s, **sets}
-        _emit({"kind": "epoch", **row})
+        launch.emit({"kind": "epoch", **row})
         if cfg.progress:
             print(f"{cfg.system} epoch {epoch}: loss {row['train_loss']:.4f}  dev fine {fine:.4f}  binary "
                   f"{binary:.4f}  train {train_s:.1f} s ({row['train_trees_per_s']:.1f} trees/s)  "
@@ -210,60 +226,14 @@ def run_worker(cfg: Config) -> None:
             best, best_params = (epoch, fine), system.get_params()
     system.set_params(best_params)
     t0 = time.perf_counter()
-    probs = system.predict(test)
+    probs = predict(system, test, cfg.eval_batch)
     test_s = time.perf_counter() - t0
     test_fine, test_binary = accuracies(probs, test_gold)
-    _emit({"kind": "test", "system": cfg.system, "epoch": best[0], "test_fine": test_fine,
-           "test_binary": test_binary, "test_eval_s": test_s})
-
-
-def _die_with_parent():
-    from .launch import die_with_parent
-    die_with_parent()
-
-
-def worker_main(spec: str) -> int:
-    _die_with_parent()
-    run_worker(Config(**json.loads(spec)))
-    return 0
+    return {"kind": "test", "system": cfg.system, "epoch": best[0], "test_fine": test_fine,
+            "test_binary": test_binary, "test_eval_s": test_s}
 
 
 # ---------------------------------------------------------------- the driver
-
-def thread_env(threads: int) -> dict:
-    from .launch import env
-    return env(threads)
-
-
-def run_system(cfg: Config, time_limit_s: float) -> tuple[list[dict], str]:
-    """Runs one system's worker; returns its records and a status (ok / failed: why / timeout)."""
-    cmd = [sys.executable, "-m", "experiments.sst", "--worker", json.dumps(asdict(cfg))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=thread_env(cfg.threads),
-                            start_new_session=True, cwd=Path(__file__).resolve().parent.parent)
-    timed_out = threading.Event()
-
-    def kill():
-        timed_out.set()
-        os.killpg(proc.pid, signal.SIGKILL)
-
-    timer = threading.Timer(time_limit_s, kill)
-    timer.start()
-    records = []
-    try:
-        for line in proc.stdout:
-            if line.startswith(ROW_MARK):
-                records.append(json.loads(line[len(ROW_MARK):]))
-            else:
-                sys.stdout.write(line)
-        rc = proc.wait()
-    finally:
-        timer.cancel()
-    if timed_out.is_set():
-        return records, f"timeout after {time_limit_s:.0f} s"
-    if rc != 0:
-        return records, f"failed: exit code {rc}"
-    return records, "ok"
-
 
 def rows_of(cfg: Config, records: list[dict], status: str, common: dict) -> list[dict]:
     epochs = [r for r in records if r["kind"] == "epoch"]
@@ -285,20 +255,9 @@ def rows_of(cfg: Config, records: list[dict], status: str, common: dict) -> list
 
 
 def write_csv(path: Path, rows: list[dict], replace_systems: set[str]) -> None:
-    """Writes `rows` in place of the file's rows of the same systems; atomic (temp file + rename)."""
-    import csv
-    old = []
-    if path.exists():
-        with open(path, newline="") as f:
-            old = [r for r in csv.DictReader(f) if r.get("system") not in replace_systems]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        for r in old + rows:
-            w.writerow({k: _fmt(r.get(k, "")) for k in COLUMNS})
-    os.replace(tmp, path)
+    """Writes `rows` in place of the file's rows of the same systems."""
+    old = [r for r in read_rows(path) if r.get("system") not in replace_systems]
+    launch.write_rows(path, [{k: _fmt(r.get(k, "")) for k in COLUMNS} for r in old + rows], list(COLUMNS))
 
 
 def _fmt(v):
@@ -327,16 +286,10 @@ def configs(profile: Profile, systems: list[str], overrides: dict) -> list[Confi
     return out
 
 
-def _csv_list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m experiments.sst", description=__doc__.split("\n\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--profile", choices=list(PROFILES), default="cpu", help="quick | cpu | paper (default cpu)")
-    p.add_argument("--results", default="results", help="directory of sst.csv (default: results)")
     p.add_argument("--systems", type=_csv_list, default=list(SYSTEMS), help="comma-separated (default: all three)")
-    p.add_argument("--threads", type=int, default=1, help="compute threads per system (default 1)")
+    p.add_argument("--threads", type=_threads, default=1, help="compute threads per system (default 1)")
     p.add_argument("--epochs", type=int, help="epochs of the full runs (default: the profile's)")
     p.add_argument("--partial-trees", type=int, help="trees per epoch of the partial systems (PyTorch)")
     p.add_argument("--train-limit", type=int, help="train on N trees spread evenly over train.txt")
@@ -348,47 +301,43 @@ def parse_args(argv):
     p.add_argument("--eval-batch", type=int, help="trees per predict call (default 100)")
     p.add_argument("--seed", type=int, help="initial weights and epoch order (default 0)")
     p.add_argument("--time-limit", type=float, help="seconds per system (default: the profile's)")
-    p.add_argument("--no-plot", action="store_true", help="do not draw the figure and summary")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    return p, p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    parser, args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.worker:
-        return worker_main(args.worker)
-    bad = [s for s in args.systems if s not in SYSTEMS]
+def _csv_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [s for s in names if s not in SYSTEMS]
     if bad:
-        parser.error(f"unknown system(s) {', '.join(bad)}; choose from {', '.join(SYSTEMS)}")
-    if args.threads < 1:
-        parser.error("--threads must be at least 1")
+        raise argparse.ArgumentTypeError(f"unknown system(s) {', '.join(bad)}; choose from {', '.join(SYSTEMS)}")
+    return names
+
+
+def _threads(text: str) -> int:
+    threads = int(text)
+    if threads < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return threads
+
+
+def main(results_dir: Path, args) -> int:
     profile = PROFILES[args.profile]
     overrides = {"epochs": args.epochs, "partial_trees": args.partial_trees, "train_limit": args.train_limit,
                  "dev_limit": args.dev_limit, "test_limit": args.test_limit, "hidden": args.hidden,
                  "embed": args.embed, "batch_size": args.batch_size, "eval_batch": args.eval_batch,
                  "seed": args.seed, "threads": args.threads, "progress": not args.quiet}
-    from .environment import git_revision
-    common = {"git_rev": git_revision(), "run_id": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())}
-    path = Path(args.results) / "sst.csv"
+    common = {"git_rev": environment.git_revision(), "run_id": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())}
+    path = results_dir / "sst.csv"
     all_rows, ran = [], set()
     for cfg in configs(profile, args.systems, overrides):
         print(f"== {cfg.system}: {cfg.epochs} epoch(s) of "
               f"{cfg.trees_per_epoch or cfg.train_limit or 'all'} trees, h={cfg.hidden}, bs={cfg.batch_size}, "
               f"{cfg.threads} thread(s)", flush=True)
         t0 = time.perf_counter()
-        records, status = run_system(cfg, args.time_limit or profile.time_limit_s)
+        records, status = launch.run_records("experiments.studies", ["sst", "--cell", json.dumps(asdict(cfg))],
+                                             threads=cfg.threads, time_limit_s=args.time_limit or profile.time_limit_s)
         all_rows += rows_of(cfg, records, status, common)
         ran.add(cfg.system)
         write_csv(path, all_rows, ran)          # after every system: a later failure loses nothing
         print(f"== {cfg.system}: {status} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(path)
-    if not args.no_plot:
-        from plots.sst import render
-        for p in render(args.results):
-            print(p)
     return 0 if all(r.get("status") == "ok" for r in all_rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

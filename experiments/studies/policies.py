@@ -1,32 +1,34 @@
 """Batching policies compared (scheduler.POLICIES): their tasks and their training time.
 
-    python -m experiments.policies [--rounds 3] [--repeats 2] [--policies batched,alap,merged]
-                                   [--out results/policies.csv]
+    python -m experiments.studies policies [--rounds 3] [--repeats 2] [--policies batched,alap,merged]
+                                           [--results DIR]
 
-Workloads as in experiments.bench: Tree-LSTM h = 512 on the first 512 SST training trees (file
+Workloads as in the bench study: Tree-LSTM h = 512 on the first 512 SST training trees (file
 order), and Tree-FC h = 512 (256 leaves) on its first 256 trees; bs = 64, float32, one thread.
 Per policy: tasks per batch, mean and median rows per task, the median rows per task that
 gathers children (the rows of the loop's state matmul), the share of those tasks under
 scheduler.MERGE_MIN_ROWS rows, and the time of one pass over the samples (prepare + step,
-scheduling included), measured as experiments.bench measures Cavs: each in its own process
-(experiments.cell: a warm-up batch, the fastest of `repeats` passes), `rounds` rounds
+scheduling included), measured as the bench study measures Cavs: each in its own process
+(launch.file_order_cell: a warm-up batch, the fastest of `repeats` passes), `rounds` rounds
 interleaved over the policies, the fastest round kept. Prints the table and which policy is
 fastest on each workload (and where every policy made the very same tasks, so that only noise
-separates them: Tree-FC's complete trees of one height); writes --out.
+separates them: Tree-FC's complete trees of one height); writes DIR/policies.csv.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .bench import run_cell
+from .. import launch
 
 WORKLOADS = {"tree_lstm": (512, 512), "tree_fc": (512, 256)}      # workload: (hidden, samples)
-BATCH = 64
+BATCH = 64          # launch.file_order_cell's batch size
+CELL_TIME_LIMIT_S = 1800
+TABLE = ["workload", "policy", "tasks_per_batch", "rows_per_task_mean", "rows_per_task_median",
+         "loop_rows_per_task_median", "loop_tasks_under_min_rows", "same_tasks_as_batched", "time_s", "construct_s",
+         "time_over_batched"]
 
 
 def task_stats(workload: str, hidden: int, count: int, policy: str) -> dict:
@@ -52,20 +54,20 @@ def task_stats(workload: str, hidden: int, count: int, policy: str) -> dict:
             "same_tasks_as_batched": bool(same)}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--policies", default="batched,alap,merged")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--out", default="results/policies.csv")
     ap.add_argument("--hidden", type=int, help="override every workload's hidden size (a smoke run)")
     ap.add_argument("--samples", type=int, help="override every workload's sample count (a smoke run)")
-    args = ap.parse_args(argv)
+
+
+def main(results_dir: Path, args) -> int:
     import pandas as pd
-    policies = args.policies.split(",")
+    policies, workloads = args.policies.split(","), args.workloads.split(",")
     rows = []
-    for workload in args.workloads.split(","):
+    for workload in workloads:
         hidden, count = WORKLOADS[workload]
         hidden, count = args.hidden or hidden, args.samples or count
         stats = {p: task_stats(workload, hidden, count, p) for p in policies}
@@ -73,27 +75,23 @@ def main(argv=None):
         for _ in range(args.rounds):
             for p in policies:
                 t0 = time.perf_counter()
-                r = run_cell("cavs", workload, hidden, count, {"policy": p}, args.repeats)
+                cell = launch.file_order_cell("cavs", workload, hidden, count, {"policy": p}, args.repeats)
+                r = launch.run_cell(cell, CELL_TIME_LIMIT_S, results_dir / "logs")
                 print(f"  {workload} h={hidden} {p}: {r.get('total_s', float('nan')):.3f} s ({r['status']}, "
                       f"{time.perf_counter() - t0:.0f} s wall)", flush=True)
-                if p not in best or r.get("total_s", float("inf")) < best[p].get("total_s", float("inf")):
-                    best[p] = r
+                launch.keep_fastest(best, p, r)
+        batched_s = best.get("batched", {}).get("total_s")
         for p in policies:
             r = best[p]
-            rows.append({"workload": workload, "hidden": hidden, "samples": count, "batch_size": BATCH,
-                         "policy": p, **stats[p], "time_s": r.get("total_s"), "construct_s": r.get("construct_s"),
-                         "compute_s": r.get("compute_s"), "status": r["status"]})
+            row = {"workload": workload, "hidden": hidden, "samples": count, "batch_size": BATCH,
+                   "policy": p, **stats[p], "time_s": r.get("total_s"), "construct_s": r.get("construct_s"),
+                   "compute_s": r.get("compute_s"), "status": r["status"]}
+            if batched_s and r.get("total_s") is not None:
+                row["time_over_batched"] = r["total_s"] / batched_s
+            rows.append(row)
+    launch.write_rows(results_dir / "policies.csv", rows)
     df = pd.DataFrame(rows)
-    for workload, g in df.groupby("workload", sort=False):
-        base = g.loc[g.policy == "batched", "time_s"]
-        if len(base):
-            df.loc[g.index, "time_over_batched"] = g.time_s / base.iloc[0]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
-    cols = ["workload", "policy", "tasks_per_batch", "rows_per_task_mean", "rows_per_task_median",
-            "loop_rows_per_task_median", "loop_tasks_under_min_rows", "same_tasks_as_batched", "time_s", "construct_s", "time_over_batched"]
-    print(df[[c for c in cols if c in df]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(df.reindex(columns=TABLE).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     ok = df[df.status == "ok"]
     fastest = {w: g.loc[g.time_s.idxmin(), "policy"] for w, g in ok.groupby("workload", sort=False)}
     print("fastest:", ", ".join(f"{w}: {p}" for w, p in fastest.items()))
@@ -101,12 +99,8 @@ def main(argv=None):
         if g.same_tasks_as_batched.all():
             print(f"  ({w}: every policy made the same tasks, so its time differences are noise)")
     winner = set(fastest.values())
-    if len(winner) == 1 and len(fastest) == len(args.workloads.split(",")):
+    if len(winner) == 1 and len(fastest) == len(workloads):
         print(f"{winner.pop()} is fastest on every workload measured")
     else:
         print("no policy is fastest on every workload: the default stays 'batched'")
     return 0 if (df.status == "ok").all() else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

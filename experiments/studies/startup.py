@@ -1,9 +1,9 @@
 """Start-up cost of a new process: the first training step against a steady-state one.
 
-    python -m experiments.startup [--hidden 512] [--repeats 3] [--out results/startup.csv] [--profile]
+    python -m experiments.studies startup [--hidden 512] [--repeats 3] [--results DIR] [--profile]
 
-Tree-LSTM, SST's first training trees in file order, bs = 64, float32, one thread (as
-experiments.bench). Each measurement is a fresh process (`--child`), which times: `import cavs`,
+Tree-LSTM, SST's first training trees in file order, bs = 64, float32, one thread (as the bench
+study). Each measurement is a fresh process (a cell, launch.run), which times: `import cavs`,
 building the model and the batches, constructing the engine, the first `step` (batch 0), and
 then steps over batches 0-3 twice; the steady-state step is the median of the second round.
 Wall time, and the main thread's CPU time (steadier on a loaded machine: the compiles, the
@@ -16,24 +16,20 @@ Cases, in this order, each in its own process:
                 F's and dF's fused groups, loss.warm_up): Numba's one-time start-up and the
                 kernel loads move from the first step to the construction
 The warm cases repeat `--repeats` times, interleaved. `--profile` prints, per case, the first
-step's most expensive calls (cProfile, cumulative). Prints one table; writes --out.
+step's most expensive calls (cProfile, cumulative). Prints one table; writes DIR/startup.csv.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from .. import launch
+
 START = time.perf_counter()
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-              "NUMBA_NUM_THREADS": "1"}
-MARK = "STARTUP_RESULT "
 
 
 def engine_groups(engine) -> list:
@@ -42,7 +38,15 @@ def engine_groups(engine) -> list:
     return [it for ph in phases for items in ph.values() for it in items if isinstance(it, fusion.FusedGroup)]
 
 
-def child(spec: dict) -> dict:
+def add_arguments(ap) -> None:
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3, help="processes per warm case")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--cache", help="kernel cache directory to use (default: a new empty one); the cold case "
+                                    "runs only when it is empty")
+
+
+def cell(spec: dict) -> dict:
     t0 = time.perf_counter()
     import cavs
     from cavs import fusion, loss
@@ -86,7 +90,7 @@ def child(spec: dict) -> dict:
            "steady_step_s": steady, "first_over_steady": t_first / steady,
            "first_step_cpu_s": c_first, "steady_step_cpu_s": steady_cpu, "first_over_steady_cpu": c_first / steady_cpu,
            "process_to_first_step_end_s": time.perf_counter() - START - sum(steps),
-           "kernels_compiled": compiled["compiled"], "kernels_loaded": compiled["loaded"]}
+           "kernels_compiled": compiled["compiled"], "kernels_loaded": compiled["loaded"], "status": "ok"}
     if profile is not None:
         import io
         import pstats
@@ -96,30 +100,16 @@ def child(spec: dict) -> dict:
     return out
 
 
-def run_child(spec: dict, cache: str) -> dict:
-    env = {**os.environ, **THREAD_ENV, "CAVS_KERNEL_CACHE": cache}
-    proc = subprocess.run([sys.executable, "-m", "experiments.startup", "--child", json.dumps(spec)],
-                          env=env, capture_output=True, text=True, timeout=1800)
-    for line in proc.stdout.splitlines():
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
-    raise RuntimeError(f"child failed ({proc.returncode}): {proc.stderr[-2000:]}")
+def run_cell(spec: dict, cache: str) -> dict:
+    """One measurement in a fresh process whose kernel cache is `cache`."""
+    result = launch.run("experiments.studies", ["startup", "--cell", json.dumps(spec)], time_limit_s=1800,
+                        environ={**os.environ, "CAVS_KERNEL_CACHE": cache})
+    if result["status"] != "ok":
+        raise RuntimeError(f"the measuring process {result['status']}")
+    return result
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3, help="processes per warm case")
-    ap.add_argument("--out", default="results/startup.csv")
-    ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--cache", help="kernel cache directory to use (default: a new empty one); the cold case "
-                                    "runs only when it is empty")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        print(MARK + json.dumps(child(json.loads(args.child))), flush=True)
-        return 0
-
+def main(results_dir: Path, args) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="cavs-kernels-") as fresh:
         cache = args.cache or fresh
@@ -127,8 +117,9 @@ def main(argv=None):
         cold = [] if any(Path(cache).glob("k_*.py")) else [("cold", False)]
         cases = cold + [("warm", False), ("warm+warm_up", True)] * args.repeats
         for case, warm_up in cases:
-            r = run_child({"hidden": args.hidden, "warm_up": warm_up, "profile": args.profile}, cache)
+            r = run_cell({"hidden": args.hidden, "warm_up": warm_up, "profile": args.profile}, cache)
             profile = r.pop("profile", None)
+            del r["status"]
             rows.append({"case": case, "hidden": args.hidden, **r})
             print(f"{case:13s} import {r['import_s']:.2f} s, construct {r['construct_s']:.2f} s, first step "
                   f"{r['first_step_s']:.3f} s, steady {r['steady_step_s']:.3f} s: {r['first_over_steady']:.1f}x "
@@ -138,16 +129,10 @@ def main(argv=None):
             if profile:
                 print(profile)
     import pandas as pd
+    launch.write_rows(results_dir / "startup.csv", rows)
     df = pd.DataFrame(rows)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
     summary = df.groupby("case", sort=False)[["import_s", "construct_s", "first_step_s", "steady_step_s",
                                               "first_over_steady", "first_over_steady_cpu", "kernels_compiled"]].median()
     print("\nmedian per case (Tree-LSTM h = %d, bs = 64, one thread):" % args.hidden)
     print(summary.to_string(float_format=lambda v: f"{v:.3f}"))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
-"""Where a Tree-LSTM epoch's time goes per task: the engine's fixed cost per loop task (issue 15).
+"""Where a Tree-LSTM epoch's time goes per task: the engine's fixed cost per loop task.
 
-    python -m experiments.task_cost [--hidden 64,256,512] [--results DIR]
+    python -m experiments.studies task_cost [--hidden 64,256,512] [--results DIR]
 
 The bench workload (the first 512 SST training trees, file order, bs = 64, float32, one thread,
 the default engine). Per hidden size, in this process: one warm-up pass, then the fastest of
@@ -10,17 +10,16 @@ difference between the two passes' compute) and the tasks and launches counted. 
 epoch: the products' time, the compute outside them, the loop tasks (forward and backward) and
 the launches (counters.kernels: products, fused kernels, copies, gathers, fills), and that
 remainder (the loop's elementwise kernels, gathers and copies, and the loss and the update)
-per loop task and per launch: the fixed cost the issue asks about, next to the products
-the task needs. Writes DIR/task_cost.csv.
+per loop task and per launch: the engine's fixed cost, next to the products the task needs.
+Writes DIR/task_cost.csv.
 """
 from __future__ import annotations
 
-import argparse
-import csv
 import os
-import sys
 import time
 from pathlib import Path
+
+from .. import environment, launch
 
 KINDS = ("forward", "input_grad", "weight_grad")   # out = x W;  dx = dy W^T;  dW += x^T dy
 FIELDS = ["hidden", "passes", "epoch_s", "construct_s", "compute_s", "prebuilt_epoch_s", "timed_compute_s", "gemm_s", "gemm_calls",
@@ -115,26 +114,18 @@ def measure(hidden: int, passes: int, count: int = 512) -> dict:
             "other_us_per_launch": other / launches * 1e6}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--hidden", default="64,256,512")
     ap.add_argument("--passes", type=int, default=3, help="passes per measurement (fastest kept)")
     ap.add_argument("--samples", type=int, default=512, help="SST training trees (file order)")
-    ap.add_argument("--results", default="results")
-    args = ap.parse_args(argv)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
-    from threadpoolctl import threadpool_limits
-    threadpool_limits(1)
-    from .environment import git_revision
-    rev = git_revision()
+
+
+def main(results_dir: Path, args) -> int:
+    os.environ.update(launch.env(1))      # one thread: the pools started from here on read these
+    launch.pin_threads(1)                 # and those already started
+    rev = environment.git_revision()
     rows = [{**measure(int(h), args.passes, args.samples), "git_rev": rev} for h in args.hidden.split(",")]
-    out = Path(args.results) / "task_cost.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    out = launch.write_rows(results_dir / "task_cost.csv", rows, FIELDS)
     print(f"{'h':>4} {'epoch s':>8} {'prebuilt':>8} {'construct':>9} {'compute':>8} {'gemm':>7} {'calls':>6} {'other':>7} {'tasks':>6} "
           f"{'launches':>8} {'per task':>8} {'us/task':>8} {'us/launch':>9}")
     for r in rows:
@@ -146,7 +137,3 @@ def main(argv=None) -> int:
             f"{k.replace('_', ' ')} {r[k + '_s']:.3f} ({r[k + '_gflops']:.1f})" for k in KINDS))
     print(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
-"""The speed targets of issues 11 and 15 against what this machine's arithmetic allows.
+"""The project's speed targets against what this machine's arithmetic allows.
 
-    python -m experiments.targets [--results DIR]      # reads DIR/bench.csv and DIR/nary.csv
+    python -m experiments.studies targets [--results DIR]      # reads DIR/bench.csv and DIR/nary.csv
 
-Each target is a ratio measured within one run (experiments.bench, experiments.nary_bench). From
+Each target is a ratio measured within one run (the bench and nary studies). From
 the same run's rows it derives the Cavs time the target asks for, and sets it beside the floor of
 that run (the products the workload needs at the machine's single-thread GEMM rate) and, for the
 Tree-LSTM, the frontier bound (the same with each loop task's state product timed on its own
@@ -13,10 +13,10 @@ outside the products) is taken off, over the floor. Writes DIR/targets.md and pr
 """
 from __future__ import annotations
 
-import argparse
-import csv
 import sys
 from pathlib import Path
+
+from ..results import read_rows
 
 # (issue, what, file, rows of that file (workload, hidden; or nary cell), kind, peer or None, goal)
 #   kind "lead": peer time / Cavs time >= goal;  "over_bound" / "over_floor": Cavs time / that <= goal
@@ -32,13 +32,6 @@ TARGETS = [
     (15, "Var-LSTM h = 256 within 1.25x of the GEMM floor", "bench", ("var_lstm", 256), "over_floor", None, 1.25),
     (11, "n-ary child-sum Tree-LSTM at least 2x faster than DyNet", "nary", "all", "lead", "dynet", 2.0),
 ]
-
-
-def _read(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def _bench_rows(rows, workload, hidden) -> dict:
@@ -111,12 +104,13 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default="results", help="directory holding bench.csv and nary.csv")
-    args = ap.parse_args(argv)
-    d = Path(args.results)
-    bench, nary = _read(d / "bench.csv"), _read(d / "nary.csv")
+def add_arguments(ap) -> None:
+    """No options but --results: the directory holding bench.csv and nary.csv."""
+
+
+def main(results_dir: Path, args) -> int:
+    d = results_dir
+    bench, nary = read_rows(d / "bench.csv"), read_rows(d / "nary.csv")
     if not bench and not nary:
         print(f"error: neither {d / 'bench.csv'} nor {d / 'nary.csv'} exists; run `make bench` and "
               f"`make nary` first", file=sys.stderr)
@@ -126,7 +120,3 @@ def main(argv=None) -> int:
     print(text)
     print(f"wrote {d / 'targets.md'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

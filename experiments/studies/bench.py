@@ -1,0 +1,184 @@
+"""The engine's speed against DyNet, TensorFlow, PyTorch by level and the GEMM-bound floor.
+
+    python -m experiments.studies bench [--results DIR] [--hidden 64,256,512] [--repeats 3]
+    python -m experiments.studies bench --compare REV_A REV_B --system dynet --workload tree_lstm --h 64
+
+Tree-LSTM: training on the first 512 SST training trees (file order), bs = 64, one thread,
+h in 64/256/512: Cavs (default switches, and each switch combination of interest), DyNet with
+autobatching and PyTorch by level. Var-LSTM: the first 2048 PTB training sentences, bs = 64,
+h = 256: Cavs, DyNet, TensorFlow. Every measurement is a sweep cell in its own process
+(launch.file_order_cell: one warm-up batch, then the fastest of `repeats` timed passes), in
+`rounds` interleaved rounds (fastest kept). The floor (experiments/floors.py) is the multiply-adds
+the workload needs at this machine's single-thread float32 GEMM rate, measured before and after
+every round, the fastest kept; the frontier bound is the same work with each loop task's state
+matmuls timed on their own (small) shapes: what any frontier-by-frontier system pays at least.
+Prints one table with the ratios; writes DIR/bench.csv (--all-systems: DIR/bench-systems.csv).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .. import environment, floors, launch
+
+CELL_TIME_LIMIT_S = 1800
+ALL_SYSTEMS = {
+    "tree_lstm": ("cavs", "cavs-serial", "dynet", "dynet-depth", "fold", "fold-n", "pytorch-levels", "pytorch"),
+    "var_lstm": ("cavs", "cavs-serial", "dynet", "dynet-depth", "tensorflow", "cudnn", "pytorch"),
+}
+CAVS_VARIANTS = {
+    "cavs": {},
+    "cavs (no fusion)": {"fusion": False},
+    "cavs (streaming)": {"streaming": True},
+    "cavs (no lazy, no eager)": {"lazy": False, "eager": False},
+}
+TABLE = ["workload", "hidden", "system", "total_s", "construct_s", "compute_s", "floor_s",
+         "frontier_bound_s", "cavs_speedup", "over_floor", "over_frontier_bound", "status"]
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--hidden", default="64,256,512", help="Tree-LSTM hidden sizes")
+    ap.add_argument("--repeats", type=int, default=1, help="timed passes per cell (fastest kept)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the systems")
+    ap.add_argument("--variants", default="all", help="'all' or 'default' (Cavs switch variants)")
+    ap.add_argument("--all-systems", action="store_true",
+                    help="every system instead of the Cavs variants (writes bench-systems.csv)")
+    ap.add_argument("--systems", help="only these systems' cells (comma-separated labels, e.g. cavs,dynet)")
+    ap.add_argument("--workloads", default="tree_lstm,var_lstm", help="tree_lstm and/or var_lstm")
+    ap.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"),
+                    help="time one baseline cell with baselines/ of two git revisions ('worktree': this "
+                         "tree), interleaved; prints before/after (use with --system, --workload, --h)")
+    ap.add_argument("--system", default="dynet", help="--compare: the system")
+    ap.add_argument("--workload", default="tree_lstm", help="--compare: the workload")
+    ap.add_argument("--h", type=int, default=64, help="--compare: the hidden size")
+    ap.add_argument("--samples", type=int, default=512, help="--compare: samples timed (file order, bs 64)")
+    ap.add_argument("--leaves", type=int, default=256, help="--compare: Tree-FC leaves")
+    ap.add_argument("--options", default="{}", help="--compare: constructor options (JSON)")
+
+
+def systems_of(workload: str, args) -> list[tuple[str, str, dict]]:
+    """(label, system, constructor options) of the cells measured on `workload`."""
+    if args.all_systems:        # every system of the harness
+        systems = [(name, name, {}) for name in ALL_SYSTEMS[workload]]
+    else:
+        variants = CAVS_VARIANTS if args.variants == "all" else {"cavs": {}}
+        systems = [(name, "cavs", opts) for name, opts in variants.items()] + [("dynet", "dynet", {})]
+        if workload == "tree_lstm":     # the strongest peer a PyTorch user writes by hand
+            systems.append(("pytorch-levels", "pytorch-levels", {}))
+        if workload == "var_lstm":
+            systems.append(("tensorflow", "tensorflow", {}))
+    if args.systems:
+        systems = [s for s in systems if s[0] in args.systems.split(",")]
+    return systems
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Each row's time over Cavs's (of its workload and hidden size), over the floor and the bound."""
+    cavs_s = {(r["workload"], r["hidden"]): r.get("total_s") for r in rows if r["system"] == "cavs"}
+    for r in rows:
+        if r.get("total_s") is None:
+            continue
+        if cavs_s.get((r["workload"], r["hidden"])):
+            r["cavs_speedup"] = r["total_s"] / cavs_s[r["workload"], r["hidden"]]     # system time / Cavs time
+        r["over_floor"] = r["total_s"] / r["floor_s"]
+        r["over_frontier_bound"] = r["total_s"] / r["frontier_bound_s"]
+    return rows
+
+
+def main(results_dir: Path, args) -> int:
+    if args.compare:
+        return compare(results_dir, args)
+    import cavs
+    import pandas as pd
+
+    # this VM's speed drifts by 10% within a run: the GEMM rate is measured before and after every
+    # round and the fastest kept, the loop's shapes timed every round and the fastest kept, so
+    # that the floor and the bound are the least the machine showed it needs, never inflated
+    # by a slow spell (which would flatter every system's ratio to them)
+    rates = [floors.matmul_rate()]
+    measured = []
+    jobs = [("tree_lstm", int(h), 512) for h in args.hidden.split(",")] + [("var_lstm", 256, 2048)]
+    for workload, hidden, count in [j for j in jobs if j[0] in args.workloads.split(",")]:
+        data = cavs.datasets.load_samples(workload, limit=count)
+        systems = systems_of(workload, args)
+        # rounds interleave the systems, so a slow spell of a shared machine hits all of them;
+        # each system keeps its fastest round
+        best, loops = {}, []
+        for _ in range(args.rounds):
+            loops.append(floors.frontier_loop(workload, hidden, data))
+            for label, system, options in systems:
+                t0 = time.perf_counter()
+                r = launch.run_cell(launch.file_order_cell(system, workload, hidden, count, options, args.repeats),
+                                    CELL_TIME_LIMIT_S, results_dir / "logs")
+                print(f"  {workload} h={hidden} {label}: {r.get('total_s', float('nan')):.3f} s "
+                      f"({r['status']}, {time.perf_counter() - t0:.0f} s wall)", flush=True)
+                launch.keep_fastest(best, label, {"workload": workload, "hidden": hidden, "samples": count,
+                                                  "system": label, "options": json.dumps(options), "threads": 1, **r})
+            rates.append(floors.matmul_rate())
+        measured.append((floors.needed_macs(workload, hidden, data), min(loops), best))
+    rate, rev = max(rates), environment.git_revision()
+    rows = []
+    for macs, (loop_s, loop_flops), best in measured:
+        floor = floors.floor_s(macs, rate)
+        bound = floors.frontier_bound(floor, rate, loop_s, loop_flops)
+        rows += [{**r, "floor_s": floor, "frontier_bound_s": bound, "matmul_gflops": rate / 1e9,
+                  "matmul_gflops_slowest": min(rates) / 1e9, "git_rev": rev} for r in best.values()]
+    rows = with_ratios(rows)
+    launch.write_rows(results_dir / ("bench-systems.csv" if args.all_systems else "bench.csv"), rows)
+    print("\n" + floors.rate_summary(rates))
+    table = pd.DataFrame(rows).reindex(columns=TABLE)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+# ---------------------------------------------------------------- one baseline, two revisions
+
+def snapshot_baselines(rev: str, into: Path) -> Path:
+    """`baselines/` as of git revision `rev` (or this working tree for `rev` = "worktree") in a
+    directory of its own; returns that directory."""
+    target = into / rev.replace("/", "_")
+    target.mkdir(parents=True, exist_ok=True)
+    if rev == "worktree":
+        shutil.copytree(launch.REPO / "baselines", target / "baselines", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        archive = subprocess.run(["git", "-C", str(launch.REPO), "archive", rev, "baselines"], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
+def compare(results_dir: Path, args) -> int:
+    """Before/after of a baseline change: the same cell with `baselines/` of two revisions (the
+    snapshot's first on the cell's import path, this tree's harness and engine after it),
+    interleaved round by round (a slow spell of a shared machine hits both), fastest round kept."""
+    revs = args.compare
+    nan = float("nan")
+    cell = launch.file_order_cell(args.system, args.workload, args.h, args.samples, json.loads(args.options),
+                                  args.repeats, args.leaves)
+    best = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = {rev: snapshot_baselines(rev, Path(tmp)) for rev in revs}
+        for _ in range(args.rounds):
+            for rev in revs:
+                r = launch.run_cell(cell, CELL_TIME_LIMIT_S, results_dir / "logs", root=roots[rev])
+                print(f"  {args.system} {args.workload} h={args.h} @ {rev}: {r.get('total_s', nan):.3f} s "
+                      f"(construct {r.get('construct_s', nan):.3f}, compute {r.get('compute_s', nan):.3f}; "
+                      f"{r['status']})", flush=True)
+                launch.keep_fastest(best, rev, r)
+    print(f"\n{args.system} {args.workload} h={args.h}, {args.samples} samples, bs 64, 1 thread, "
+          f"fastest of {args.rounds} interleaved rounds:")
+    for rev in revs:
+        r = best[rev]
+        print(f"{rev:>12}: total {r.get('total_s', nan):.3f} s, construct {r.get('construct_s', nan):.3f} s, "
+              f"compute {r.get('compute_s', nan):.3f} s, last loss {r.get('loss', nan):.6f}, {r['status']}")
+    a, b = (best[rev] for rev in revs)
+    if a["status"] == b["status"] == "ok":
+        print(f"  {revs[0]} / {revs[1]}: total {a['total_s'] / b['total_s']:.2f}x, "
+              f"compute {a['compute_s'] / b['compute_s']:.2f}x, construct {a['construct_s'] / b['construct_s']:.2f}x")
+        return 0
+    return 1

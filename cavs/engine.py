@@ -21,7 +21,8 @@ from collections.abc import MutableMapping
 import numpy as np
 
 from . import blas as cpu_blas
-from . import fusion, optim, planning
+from . import fusion as kernels
+from . import optim, planning
 from .backend import get_backend
 from .loss import softmax, softmax_cross_entropy, warm_up as loss_warm_up
 from .lowering import Lowered
@@ -81,7 +82,7 @@ class Engine:
             # Numba's start-up and the kernels (from the on-disk cache, or compiled) now, at
             # construction, not in the first step
             if self.options["fusion"]:
-                fusion.warm_up(self._low.fused_groups(), self.dtype.name, cached_only=True)
+                kernels.warm_up(self._low.fused_groups(), self.dtype.name, cached_only=True)
             if self.dtype.name in ("float32", "float64"):
                 loss_warm_up(self.dtype.name)
         self._masks = {}

@@ -72,7 +72,7 @@ def _unary(shapes, attrs):
 def _matmul(shapes, attrs):
     x, w = shapes
     if len(w) != 2 or x[0] != w[0]:
-        raise ShapeError(f"cannot multiply a row vector of width {x[0]} by a parameter of shape {w}")
+        raise ShapeError(f"cannot multiply a vertex vector of width {x[0]} by a parameter of shape {w}")
     return (w[1],)
 
 

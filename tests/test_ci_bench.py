@@ -18,6 +18,20 @@ OTHER_KIND = {"cpu_model": "AMD EPYC", "cpu_vendor": "AuthenticAMD", "cpu_family
               "cpu_isa": "avx2", "cpu_count": 2, "memory_gib": 24, "gpu": None}
 # one cheap cell per side: Tree-FC, L = 64, against DyNet
 SMALL = ["--workloads", "tree_fc", "--systems", "dynet", "--rounds", "1"]
+# appended to cavs/engine.py in the slowed commit: every pass sleeps as long as its batch has tasks
+SLOW_PASS = """
+
+import os as _os
+_plain_pass = Engine._pass
+
+
+def _slow_pass(self, batch, *args, **kwargs):
+    time.sleep(float(_os.environ.get("CAVS_TEST_TASK_SLEEP_S", 0)) * batch.schedule(self.policy).num_tasks)
+    return _plain_pass(self, batch, *args, **kwargs)
+
+
+Engine._pass = _slow_pass
+"""
 
 
 def test_code_comparison_fails_only_past_the_tolerance():
@@ -132,11 +146,8 @@ def test_bench_ci_fails_when_heads_engine_is_slower_than_the_baselines(clone):
     path.write_text(json.dumps({"commit": base, "kind": OTHER_KIND, "date": "2099-01-01", "speedups": {}}))
     engine = clone / "cavs" / "engine.py"
     text = engine.read_text()
-    anchor = "            for fn in loop[t]:\n"
-    assert anchor in text and "\nimport time\n" in text
-    text = text.replace("\nimport time\n", "\nimport os as _os\nimport time\n", 1)
-    engine.write_text(text.replace(anchor, "            time.sleep(float(_os.environ.get('CAVS_TEST_TASK_SLEEP_S', 0)))\n"
-                                   + anchor))
+    assert "class Engine" in text and "    def _pass(self, batch" in text
+    engine.write_text(text + SLOW_PASS)
     _git(clone, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "a sleep per task")
     proc = _check(clone, "check", env={"CAVS_TEST_TASK_SLEEP_S": "0.005"})
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]

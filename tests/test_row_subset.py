@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 import cavs
-from cavs import engine as engine_module
+from cavs import lowering
 from tests.test_library import assert_close, child_sum_model, dag, nary_trees, sst_trees
 
 SUBSET_KERNELS = ("matmul-rows", "matmul_t-rows", "param_grad-rows", "bias_grad-rows")
 
 
 def child_sum_run(graphs, share, monkeypatch, policy="batched"):
-    monkeypatch.setattr(engine_module, "SUBSET_MAX_SHARE", share)
+    monkeypatch.setattr(lowering, "SUBSET_MAX_SHARE", share)
     model = child_sum_model(32)
     engine = cavs.Engine(model, backend="numpy", policy=policy, fusion=False)
     loss, grads = engine.loss_and_grads(model.make_batch(graphs))
@@ -53,7 +53,7 @@ def test_leaves_in_an_inner_task_skip_the_state_product(monkeypatch):
     samples = cavs.datasets.load_samples("tree_lstm", "train", limit=8)
     results = {}
     for share in (-1.0, 0.8):
-        monkeypatch.setattr(engine_module, "SUBSET_MAX_SHARE", share)
+        monkeypatch.setattr(lowering, "SUBSET_MAX_SHARE", share)
         engine = cavs.Engine(model, backend="numpy", policy="alap")
         results[share] = (*engine.loss_and_grads(model.make_batch(samples)), engine.counters.kernels.copy())
     (full_loss, full_grads, full_kernels), (loss, grads, kernels) = results[-1.0], results[0.8]

@@ -62,6 +62,8 @@ class System:
     `embed`: the embedding width (None: the workload's); `optimizer`: None for WORKLOADS.md's SGD,
     or an Adagrad (systems with `takes_adagrad`)."""
     name = "system"
+    # the library its matrix products run in (each row of a sweep records it)
+    blas = "?"
     supports_float64 = True
     takes_adagrad = False
     workloads = ("fixed_lstm", "var_lstm", "tree_fc", "tree_lstm")

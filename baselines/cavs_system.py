@@ -40,6 +40,11 @@ class CavsSystem(System):
         self.timings.memory_s = 0.0
         self.timings.extra.update(backend=backend, policy=policy, **self.engine.options)
 
+    @property
+    def blas(self) -> str:
+        """The engine's choice per product shape (cavs/blas.py), e.g. 'auto: onednn 40, openblas 35'."""
+        return self.engine.backend.blas
+
     def set_params(self, params):
         for name, value in params.items():
             self.engine.params[name] = value

@@ -85,6 +85,7 @@ class DynetSystem(System):
     initial_params, states) is a method of its own, so that another model (dynet_child_sum.py)
     keeps the rest: DyNet's set-up, the parameter interface, the training step, predict."""
     name = "dynet"
+    blas = "eigen (dynet)"
     supports_float64 = False
     takes_adagrad = True
 

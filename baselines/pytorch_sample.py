@@ -139,6 +139,10 @@ def graph_levels(forest: Forest) -> list[np.ndarray]:
 class TorchSystem(System):
     """Parameters as torch leaf tensors named as in cavs.workloads; threads, device, dtype, SGD, timing."""
 
+    @property
+    def blas(self) -> str:
+        return "cublas (torch)" if self.device == "cuda" else "mkl (torch)"
+
     def __init__(self, workload: str, **kwargs):
         super().__init__(workload, **kwargs)
         if self.device.startswith("cuda") and not torch.cuda.is_available():

@@ -39,6 +39,7 @@ def _set_threads(threads: int) -> None:
 
 class TensorflowSystem(System):
     name = "tensorflow"
+    blas = "onednn (tensorflow)"
     workloads = ("fixed_lstm", "var_lstm")
 
     def __init__(self, workload, **kwargs):

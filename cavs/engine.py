@@ -217,8 +217,10 @@ class Engine:
         low = self._low
         act = batch.cached(("actions", *key), lambda: actions(self.model.F, self.model.dF, sched, predict))
         low.batch = planning.BatchPlans(
-            sched, batch.cached(("plans", self.policy, be), lambda: MessagePlans(sched, self.backend)),
-            batch.cached(("edges", self.policy, be), lambda: EdgePlan(sched, self.backend)), act)
+            sched, batch.cached(("plans", self.policy, be), lambda: MessagePlans(sched, self.backend))
+            if self.model.F.uses_slots else None,
+            batch.cached(("edges", self.policy, be), lambda: EdgePlan(sched, self.backend))
+            if low.uses_edges else None, act)
         self._loss_plan = batch.cached(("loss", self.policy, be), lambda: LossPlan(sched, self.backend))
         pull_read = np.logical_or.reduce([act[p] != SKIP for p in low.pulls]) \
             if low.pulls else np.zeros(sched.num_tasks, dtype=bool)

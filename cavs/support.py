@@ -37,8 +37,7 @@ def actions(F, dF, sched, predict: bool = False) -> dict:
     every = np.ones(T, dtype=bool)
     has_pull = _any_per_task(sched.tokens >= 0, sched.bounds)
     has_label = _any_per_task(sched.labels >= 0, sched.bounds)
-    has_child = [_any_per_task(sched.child_rows[:, k] >= 0, sched.bounds)
-                 for k in range(sched.child_rows.shape[1])]
+    has_child = _PerSlot(sched)
     has_edges = np.diff(sched.edge_bounds) > 0
     nodes = F.nodes + dF.nodes
 
@@ -112,6 +111,19 @@ def actions(F, dF, sched, predict: bool = False) -> dict:
             if not i.is_param:
                 demand[i] = demand[i] | reads
     return act
+
+
+class _PerSlot:
+    """has_child[k]: tasks with a child in slot k, computed for the slots F gathers only (a model on
+    edges has as many slots as the batch's largest degree, and reads none of them)."""
+
+    def __init__(self, sched):
+        self._sched, self._done = sched, {}
+
+    def __getitem__(self, k):
+        if k not in self._done:
+            self._done[k] = _any_per_task(self._sched.child_rows[:, k] >= 0, self._sched.bounds)
+        return self._done[k]
 
 
 def ranges(mask: np.ndarray, bounds: np.ndarray) -> list[tuple[int, int]]:

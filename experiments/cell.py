@@ -255,7 +255,8 @@ def measure(spec: dict, extra: dict) -> dict:
         if share.get("memory_per_compute") is not None:
             memory_s = share["memory_per_compute"] * t.compute_s
     measured = len(timed) * bs
-    result = {"backend": backend, "samples": measured, "epoch_samples": epoch_samples,
+    result = {"backend": backend, "blas": str(getattr(system, "blas", "?")), "samples": measured,
+              "epoch_samples": epoch_samples,
               "construct_s": t.construct_s, "compute_s": t.compute_s, "memory_s": memory_s,
               "total_s": total, "epoch_s": total / measured * epoch_samples,
               "extrapolated": measured < epoch_samples, "loss": float(loss), "status": "ok",

@@ -99,7 +99,7 @@ def worktree(commit: str):
         return
     try:
         probe = subprocess.run([sys.executable, "-c", "import cavs, experiments.cell; print(cavs.__file__)"],
-                               cwd=where, env=launch.env(1, where), capture_output=True,
+                               cwd=where, env=launch.env(1, where, native_blas=False), capture_output=True,
                                text=True)
         imported = Path(probe.stdout.strip() or ".").resolve()
         if probe.returncode != 0 or where.resolve() not in imported.parents:
@@ -124,7 +124,7 @@ def suite(systems=None, workloads=None) -> list[dict]:
 
 
 def _run(cell: dict, run_dir: Path, side: str, root: Path | None = None) -> dict:
-    result = launch.run_cell(cell, get_profile("ci").time_limit_s, run_dir / f"logs-{side}", root)
+    result = launch.run_cell(cell, get_profile("ci").time_limit_s, run_dir / f"logs-{side}", root, native_blas=False)
     results.append_row(run_dir / f"{side}.csv", {**{k: v for k, v in cell.items() if k in results.COLUMNS},
                                                  **{k: v for k, v in result.items() if k in results.COLUMNS},
                                                  "options": json.dumps(cell["options"]),

@@ -20,7 +20,7 @@ LIBRARIES = {
     "tensorflow": ("tensorflow-cpu", "tensorflow"), "dynet": ("dyNET38", "dyNET", "dynet"),
     "cupy": ("cupy-cuda12x", "cupy-cuda11x", "cupy"), "pandas": ("pandas",), "matplotlib": ("matplotlib",),
 }
-ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
+ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
             "CAVS_BACKEND", "CAVS_CPU_BLAS", "CUDA_VISIBLE_DEVICES", "CAVS_FTZ", "CAVS_DYNET_MEM",
             "CAVS_DYNET_PERF")
 
@@ -132,10 +132,22 @@ def _blas() -> list[dict]:
             for info in threadpool_info()]
 
 
-def _cavs_cpu_blas() -> str:
-    """Which BLAS the engine's CPU backend multiplies with (cavs/backend/numpy.py)."""
-    from cavs.backend.numpy import NumpyBackend
-    return NumpyBackend().blas
+def cpu_blas() -> dict:
+    """The CPU's GEMM libraries as benchmark cells see them (launch.env unsets OPENBLAS_CORETYPE and
+    OPENBLAS_L2_SIZE there, for every system alike) and how the engine chooses among them."""
+    from cavs import blas
+    from . import launch
+    probe = ("from threadpoolctl import threadpool_info; import numpy; "
+             "print(next((i.get('architecture') for i in threadpool_info() if i.get('internal_api') == 'openblas'), ''))")
+    try:
+        in_cells = subprocess.run([sys.executable, "-c", probe], env=launch.env(1), capture_output=True, text=True,
+                                  timeout=60).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        in_cells = None
+    return {"libraries": blas.available("float32"), "openblas_kernels_in_cells": in_cells,
+            "openblas_kernels_here": blas.openblas_kernels(), "unset_in_cells": list(launch.NATIVE_BLAS_UNSET),
+            "engine": os.environ.get("CAVS_CPU_BLAS") or "auto: the fastest library per product shape, measured "
+                                                          "once per machine and cached (cavs/blas.py)"}
 
 
 def collect(threads: int, profile: str) -> dict:
@@ -146,7 +158,7 @@ def collect(threads: int, profile: str) -> dict:
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "gpu": gpu or None, "platform": platform.platform(), "python": sys.version.split()[0],
         "libraries": {name: _version(d) for name, d in LIBRARIES.items()},
-        "blas": _blas(), "cavs_cpu_blas": _cavs_cpu_blas(), "environment": {v: os.environ.get(v) for v in ENV_VARS},
+        "blas": _blas(), "cpu_blas": cpu_blas(), "environment": {v: os.environ.get(v) for v in ENV_VARS},
         "cell_threads": threads, "profile": profile, "git_rev": git_revision(),
         "numeric": numeric_record(), "dynet_memory_profiler": perf_status(),
     }

@@ -33,14 +33,22 @@ RESULT_MARK = "CELL_RESULT "
 EXTRA_MARK = "CELL_EXTRA "
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                "NUMBA_NUM_THREADS")
+# unset in benchmark cells (see env): the machine's pins of OpenBLAS's kernel set
+NATIVE_BLAS_UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 PR_SET_PDEATHSIG = 1
 PARENT_VAR = "CAVS_PARENT_PID"         # the launching process's pid, for die_with_parent
 
 
-def env(threads: int = 1, root: Path | None = None, base: dict | None = None) -> dict:
+def env(threads: int = 1, root: Path | None = None, base: dict | None = None, native_blas: bool = True) -> dict:
     """The environment of a measuring process: `base` (default os.environ) with every thread pool
-    pinned to `threads`; with `root`, that checkout's packages come first on the import path."""
+    pinned to `threads`; with `root`, that checkout's packages come first on the import path. With
+    `native_blas` (benchmark cells, for every system alike), OpenBLAS picks its kernels for the CPU
+    it finds: these machines set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE for old OpenBLAS builds, which
+    hold a current NumPy to its Haswell (AVX2) kernels. Tests and CI keep the machine's setting."""
     out = dict(os.environ if base is None else base, **{v: str(threads) for v in THREAD_VARS})
+    if native_blas:
+        for var in NATIVE_BLAS_UNSET:
+            out.pop(var, None)
     if root is not None:          # a checkout's packages before the editable install's (this one)
         out["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in [out.get("PYTHONPATH")] if p])
     return out
@@ -84,7 +92,8 @@ def parse(stdout: str) -> dict | None:
 
 
 def run(module: str, args: list[str], *, threads: int = 1, time_limit_s: float | None = None,
-        log: Path | None = None, root: Path | None = None, environ: dict | None = None) -> dict:
+        log: Path | None = None, root: Path | None = None, environ: dict | None = None,
+        native_blas: bool = True) -> dict:
     """`python -m module *args` from checkout `root` (default: this one) in its own process group,
     pinned to `threads`; its result line, or why there is none. stderr goes to `log` (kept only when
     the result is not ok) or, without one, is read back for the reason of a failure."""
@@ -95,7 +104,7 @@ def run(module: str, args: list[str], *, threads: int = 1, time_limit_s: float |
     err = open(log, "w") if log is not None else subprocess.PIPE
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**env(threads, root, environ), PARENT_VAR: str(os.getpid())},
+                                env={**env(threads, root, environ, native_blas), PARENT_VAR: str(os.getpid())},
                                 start_new_session=True, cwd=where)
         try:
             out, stderr = proc.communicate(timeout=time_limit_s)
@@ -122,12 +131,14 @@ def run(module: str, args: list[str], *, threads: int = 1, time_limit_s: float |
     return result
 
 
-def run_cell(cell: dict, time_limit_s: float, log_dir: Path, root: Path | None = None) -> dict:
+def run_cell(cell: dict, time_limit_s: float, log_dir: Path, root: Path | None = None,
+             native_blas: bool = True) -> dict:
     """One sweep cell (`python -m experiments.cell SPEC`) in a fresh process: its result fields
     (status = ok / failed: why / timeout). `root`: the checkout whose harness and engine it imports
-    (default: this one; `make bench-ci` runs the baseline commit's from a worktree)."""
+    (default: this one; `make bench-ci` runs the baseline commit's from a worktree, with the
+    machine's BLAS setting: CI keeps it)."""
     return run("experiments.cell", [json.dumps(cell)], threads=cell["threads"], time_limit_s=time_limit_s,
-               log=Path(log_dir) / f"{cell['cell_id']}.log", root=root)
+               log=Path(log_dir) / f"{cell['cell_id']}.log", root=root, native_blas=native_blas)
 
 
 def run_records(module: str, args: list[str], *, threads: int = 1,
@@ -164,13 +175,14 @@ def run_records(module: str, args: list[str], *, threads: int = 1,
 
 
 def file_order_cell(system: str, workload: str, hidden: int, samples: int, options: dict, repeats: int,
-                    leaves: int = 256) -> dict:
+                    leaves: int = 256, threads: int = 1) -> dict:
     """The sweep cell the studies time a system with (bench, policies): training on the first
-    `samples` samples of the file in batches of 64, one thread, one untimed warm-up batch, the
-    fastest of `repeats` passes (run it with run_cell)."""
-    name = "-".join([system, workload, f"h{hidden}", f"n{samples}", *(f"{k}={v}" for k, v in sorted(options.items()))])
+    `samples` samples of the file in batches of 64, `threads` compute threads, one untimed warm-up
+    batch, the fastest of `repeats` passes (run it with run_cell)."""
+    name = "-".join([system, workload, f"h{hidden}", f"n{samples}", f"t{threads}",
+                     *(f"{k}={v}" for k, v in sorted(options.items()))])
     return {"cell_id": name, "system": system, "workload": workload, "hidden": hidden, "batch_size": 64,
-            "mode": "train", "threads": 1, "leaves": leaves, "device": "cpu", "options": options,
+            "mode": "train", "threads": threads, "leaves": leaves, "device": "cpu", "options": options,
             "samples": samples, "warmup_batches": 1, "repeats": repeats, "order": "file"}
 
 

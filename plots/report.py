@@ -279,6 +279,12 @@ def machine(results: Path) -> tuple[str, list[str]]:
         if env.get("cavs_cpu_blas"):
             lines.append(f"The engine's CPU BLAS: {env['cavs_cpu_blas']}; threads per cell: "
                          f"{env.get('cell_threads', 'not recorded')}.")
+        blas = env.get("cpu_blas")
+        if isinstance(blas, dict):
+            lines.append(f"GEMM libraries: {', '.join(blas.get('libraries') or [])}; OpenBLAS runs its "
+                         f"{blas.get('openblas_kernels_in_cells')} kernels in the cells ({', '.join(blas.get('unset_in_cells') or [])} "
+                         f"unset there for every system); the engine: {blas.get('engine')}; threads per cell: "
+                         f"{env.get('cell_threads', 'not recorded')}.")
         numeric = env.get("numeric")
         if isinstance(numeric, dict):
             lines.append(f"Numeric environment: flush-to-zero {'on' if numeric.get('ftz') else 'off'}, "

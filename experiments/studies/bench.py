@@ -33,17 +33,19 @@ ALL_SYSTEMS = {
 CAVS_VARIANTS = {
     "cavs": {},
     "cavs (no fusion)": {"fusion": False},
-    "cavs (streaming)": {"streaming": True},
+    "cavs (streaming)": {"streaming": True},    # the eager and lazy phases on a second thread
     "cavs (no lazy, no eager)": {"lazy": False, "eager": False},
 }
-TABLE = ["workload", "hidden", "system", "total_s", "construct_s", "compute_s", "floor_s",
-         "frontier_bound_s", "cavs_speedup", "over_floor", "over_frontier_bound", "status"]
+TABLE = ["workload", "hidden", "system", "threads", "total_s", "construct_s", "compute_s", "floor_s",
+         "frontier_bound_s", "cavs_speedup", "over_floor", "over_frontier_bound", "thread_speedup", "status"]
 
 
 def add_arguments(ap) -> None:
     ap.add_argument("--hidden", default="64,256,512", help="Tree-LSTM hidden sizes")
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per cell (fastest kept)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the systems")
+    ap.add_argument("--threads", default="1", help="compute threads per cell, e.g. 1,2: every system at each, "
+                                                    "in one run (make bench THREADS=2 gives 1,2)")
     ap.add_argument("--variants", default="all", help="'all' or 'default' (Cavs switch variants)")
     ap.add_argument("--all-systems", action="store_true",
                     help="every system instead of the Cavs variants (writes bench-systems.csv)")
@@ -77,16 +79,37 @@ def systems_of(workload: str, args) -> list[tuple[str, str, dict]]:
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
-    """Each row's time over Cavs's (of its workload and hidden size), over the floor and the bound."""
-    cavs_s = {(r["workload"], r["hidden"]): r.get("total_s") for r in rows if r["system"] == "cavs"}
+    """Each row's time over Cavs's (same workload, hidden size and threads), over the floor and the
+    bound; and over its own one-thread time (the speedup from more threads)."""
+    cavs_s = {(r["workload"], r["hidden"], r["threads"]): r.get("total_s") for r in rows if r["system"] == "cavs"}
+    one = {(r["workload"], r["hidden"], r["system"]): r.get("total_s") for r in rows if r["threads"] == 1}
     for r in rows:
         if r.get("total_s") is None:
             continue
-        if cavs_s.get((r["workload"], r["hidden"])):
-            r["cavs_speedup"] = r["total_s"] / cavs_s[r["workload"], r["hidden"]]     # system time / Cavs time
+        if cavs_s.get((r["workload"], r["hidden"], r["threads"])):
+            r["cavs_speedup"] = r["total_s"] / cavs_s[r["workload"], r["hidden"], r["threads"]]   # system / Cavs
+        if r["threads"] > 1 and one.get((r["workload"], r["hidden"], r["system"])):
+            r["thread_speedup"] = one[r["workload"], r["hidden"], r["system"]] / r["total_s"]
         r["over_floor"] = r["total_s"] / r["floor_s"]
         r["over_frontier_bound"] = r["total_s"] / r["frontier_bound_s"]
     return rows
+
+
+def yardsticks(workload: str, hidden: int, data) -> dict:
+    """The floor and the frontier bound of `workload` on `data` (experiments/floors.py): each product
+    at the fastest installed library's time on its shape."""
+    needed = floors.workload_products(workload, hidden, data)
+    state = floors.state_products(needed, workload, hidden)
+    frontier = floors.frontier_products(workload, hidden, data)
+    timed = floors.time_products(needed + frontier)
+    floor = floors.seconds_of(needed, timed)
+    bound = floor - floors.seconds_of(state, timed) + floors.seconds_of(frontier, timed)
+    won = {}
+    for p in needed:
+        lib = timed["best"][p][1]
+        won[lib] = won.get(lib, 0) + 1
+    return {"floor_s": floor, "frontier_bound_s": bound,
+            "floor_libraries": " ".join(f"{k}:{v}" for k, v in sorted(won.items()))}
 
 
 def main(results_dir: Path, args) -> int:
@@ -95,11 +118,11 @@ def main(results_dir: Path, args) -> int:
     import cavs
     import pandas as pd
 
-    # this VM's speed drifts by 10% within a run: the GEMM rate is measured before and after every
-    # round and the fastest kept, the loop's shapes timed every round and the fastest kept, so
-    # that the floor and the bound are the least the machine showed it needs, never inflated
-    # by a slow spell (which would flatter every system's ratio to them)
-    rates = [floors.matmul_rate()]
+    threads = [int(t) for t in str(args.threads).split(",")]
+    # this VM's speed drifts by 10% within a run: the yardsticks are measured in every round and
+    # the fastest kept, so that the floor and the bound are the least the machine showed it needs,
+    # never inflated by a slow spell (which would flatter every system's ratio to them)
+    rates = [floors.matmul_rates()]
     measured = []
     jobs = [("tree_lstm", int(h), 512) for h in args.hidden.split(",")] + [("var_lstm", 256, 2048)]
     for workload, hidden, count in [j for j in jobs if j[0] in args.workloads.split(",")]:
@@ -107,29 +130,40 @@ def main(results_dir: Path, args) -> int:
         systems = systems_of(workload, args)
         # rounds interleave the systems, so a slow spell of a shared machine hits all of them;
         # each system keeps its fastest round
-        best, loops = {}, []
+        best, sticks = {}, []
         for _ in range(args.rounds):
-            loops.append(floors.frontier_loop(workload, hidden, data))
-            for label, system, options in systems:
-                t0 = time.perf_counter()
-                r = launch.run_cell(launch.file_order_cell(system, workload, hidden, count, options, args.repeats),
-                                    CELL_TIME_LIMIT_S, results_dir / "logs")
-                print(f"  {workload} h={hidden} {label}: {r.get('total_s', float('nan')):.3f} s "
-                      f"({r['status']}, {time.perf_counter() - t0:.0f} s wall)", flush=True)
-                launch.keep_fastest(best, label, {"workload": workload, "hidden": hidden, "samples": count,
-                                                  "system": label, "options": json.dumps(options), "threads": 1, **r})
-            rates.append(floors.matmul_rate())
-        measured.append((floors.needed_macs(workload, hidden, data), min(loops), best))
-    rate, rev = max(rates), environment.git_revision()
+            sticks.append(yardsticks(workload, hidden, data))
+            for n in threads:
+                for label, system, options in systems:
+                    t0 = time.perf_counter()
+                    cell = launch.file_order_cell(system, workload, hidden, count, options, args.repeats, threads=n)
+                    r = launch.run_cell(cell, CELL_TIME_LIMIT_S, results_dir / "logs")
+                    print(f"  {workload} h={hidden} {label} threads={n}: {r.get('total_s', float('nan')):.3f} s "
+                          f"({r['status']}, {r.get('blas', '?')}; {time.perf_counter() - t0:.0f} s wall)", flush=True)
+                    launch.keep_fastest(best, (label, n), {"workload": workload, "hidden": hidden, "samples": count,
+                                                            "system": label, "options": json.dumps(options),
+                                                            **r, "threads": n})
+            rates.append(floors.matmul_rates())
+        least = {k: min(s[k] for s in sticks) for k in ("floor_s", "frontier_bound_s")}
+        measured.append(({**sticks[-1], **least}, best))
+    peak, rev = floors.fma_peak(), environment.git_revision()
+    fastest = {lib: max(r.get(lib, 0.0) for r in rates) for lib in set().union(*rates)}
+    best_rate = max(fastest.values())
     rows = []
-    for macs, (loop_s, loop_flops), best in measured:
-        floor = floors.floor_s(macs, rate)
-        bound = floors.frontier_bound(floor, rate, loop_s, loop_flops)
-        rows += [{**r, "floor_s": floor, "frontier_bound_s": bound, "matmul_gflops": rate / 1e9,
-                  "matmul_gflops_slowest": min(rates) / 1e9, "git_rev": rev} for r in best.values()]
+    for sticks, best in measured:
+        rows += [{**r, **sticks, "best_gemm_gflops": best_rate / 1e9,
+                  "best_gemm_library": max(fastest, key=fastest.get),
+                  "fma_peak_gflops": peak["peak_gflops"], "clock_ghz": peak["clock_ghz"],
+                  "gemm_rates": " ".join(f"{k}:{v / 1e9:.0f}" for k, v in sorted(fastest.items())),
+                  "git_rev": rev} for r in best.values()]
     rows = with_ratios(rows)
     launch.write_rows(results_dir / ("bench-systems.csv" if args.all_systems else "bench.csv"), rows)
-    print("\n" + floors.rate_summary(rates))
+    share = f"{best_rate / 1e9 / peak['peak_gflops']:.0%}" if peak["peak_gflops"] else "unknown"
+    print(f"\nsingle-thread float32 GEMM (2048 x 1024 x 2560), the fastest of {len(rates)} measurements per "
+          f"library: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in sorted(fastest.items())) + " GFLOP/s")
+    print(f"the best, {best_rate / 1e9:.0f} GFLOP/s, is {share} of this core's float32 FMA peak "
+          f"({peak['peak_gflops'] or float('nan'):.0f} GFLOP/s = {peak['lanes']} lanes x {peak['fma_pipes']} FMA "
+          f"pipes x 2 x {peak['clock_ghz'] or float('nan'):.2f} GHz, the clock {peak['clock_read']})")
     table = pd.DataFrame(rows).reindex(columns=TABLE)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return 0 if all(r["status"] == "ok" for r in rows) else 1

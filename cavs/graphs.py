@@ -10,6 +10,7 @@ Graphs are built from child lists or parent arrays here, and read from text by r
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,14 +184,19 @@ def vertex_ids(values, n: int, what: str = "values", name: str = "graph") -> np.
 
 @dataclass
 class Forest:
-    """The graphs of one batch, concatenated: global vertex ids, sample of each vertex."""
-    children: np.ndarray   # (N, arity) global ids, -1 absent
-    tokens: np.ndarray     # (N,)
-    labels: np.ndarray     # (N,)
-    sample: np.ndarray     # (N,) index of the sample each vertex belongs to
-    offsets: np.ndarray    # (num_samples + 1,) first global id of each sample
+    """The graphs of one batch, concatenated: global vertex ids, sample of each vertex, and the
+    edges as index arrays (each edge's parent, child and child slot, sorted by parent then slot),
+    so that everything derived from a batch costs in proportion to its edges, whatever the degrees."""
+    tokens: np.ndarray       # (N,)
+    labels: np.ndarray       # (N,)
+    sample: np.ndarray       # (N,) index of the sample each vertex belongs to
+    offsets: np.ndarray      # (num_samples + 1,) first global id of each sample
     names: list[str]
-    level: np.ndarray      # (N,) longest path from a leaf (the batched scheduler's frontier)
+    level: np.ndarray        # (N,) longest path from a leaf (the batched scheduler's frontier)
+    edge_parent: np.ndarray  # (E,) global ids, non-decreasing
+    edge_child: np.ndarray   # (E,)
+    edge_slot: np.ndarray    # (E,) the child's slot at its parent (gather(k) reads slot k)
+    width: int               # slots per vertex: the arity, or the largest degree in the batch
     features: np.ndarray | None = None   # (N, D) the graphs' features (models with inputs=D)
 
     @property
@@ -201,23 +207,54 @@ class Forest:
     def num_samples(self) -> int:
         return len(self.names)
 
+    @functools.cached_property
+    def children(self) -> np.ndarray:
+        """(N, width) global ids of each vertex's child in each slot, -1 where absent (for child
+        slots; a model on edges never builds it)."""
+        out = np.full((self.num_vertices, max(1, self.width)), -1, dtype=np.int64)
+        out[self.edge_parent, self.edge_slot] = self.edge_child
+        return out
 
-def _packed(g: Graph) -> Graph:
-    """`g` with each vertex's children moved to its first slots, in slot order (a graph built with
-    holes, children[v] = [-1, 3], has one child)."""
-    c = g.children
-    if c.shape[1] <= 1 or not ((c[:, :-1] < 0) & (c[:, 1:] >= 0)).any():
-        return g
-    order = np.argsort(c < 0, axis=1, kind="stable")
-    return Graph(np.take_along_axis(c, order, axis=1), g.tokens, g.labels, g.name, g.features)
+
+def edge_levels(n: int, parent: np.ndarray, child: np.ndarray) -> np.ndarray:
+    """`levels` from an edge list: the longest path from a leaf to each vertex (leaves 0), -1 on or
+    above a cycle; one pass over the edges whose child was placed last (Kahn's algorithm)."""
+    level = np.full(n, -1, dtype=np.int64)
+    pending = np.bincount(parent, minlength=n)           # children not yet placed
+    frontier = np.flatnonzero(pending == 0)
+    level[frontier] = 0
+    by_child = np.argsort(child, kind="stable")
+    child_sorted, parent_by_child = child[by_child], parent[by_child]
+    start = np.searchsorted(child_sorted, np.arange(n + 1))    # the edges of child v: start[v]..start[v+1]
+    depth = 0
+    while len(frontier):
+        depth += 1
+        counts = start[frontier + 1] - start[frontier]
+        picked = np.repeat(start[frontier] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        parents = parent_by_child[picked]
+        np.subtract.at(pending, parents, 1)
+        frontier = np.unique(parents[pending[parents] == 0])
+        level[frontier] = depth
+    return level
+
+
+def _edges_of(g: Graph, slots: int | None):
+    """(parent, child, slot) of a graph's edges, in parent then slot order; `slots` None numbers
+    each vertex's children 0, 1, ... in slot order (holes closed up), else keeps the first
+    `slots` slots as they are."""
+    c = g.children if slots is None else g.children[:, :slots]
+    parent, k = np.nonzero(c >= 0)
+    child = c[parent, k]
+    if slots is None:
+        k = np.arange(len(parent)) - np.searchsorted(parent, parent)
+    return parent, child, k
 
 
 def make_forest(graphs: list[Graph], arity: int | None, features: int | None = None) -> Forest:
     """Validates every graph against the vertex function's arity (None: any degree) and
     concatenates them; the acyclicity check runs once over the whole batch (its levels are the
-    schedule's frontiers).
-    With `features=D` each graph must carry (n, D) features; they become the batch's pull table
-    and every vertex's token is its own row in it."""
+    schedule's frontiers). With `features=D` each graph must carry (n, D) features; they become
+    the batch's pull table and every vertex's token is its own row in it."""
     if not graphs:
         raise InputError("empty batch: no samples were given")
     for g in graphs:
@@ -233,23 +270,17 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
                                  f"the graph has {got}, expected ({g.num_vertices}, {features})")
     sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    if arity is None:                  # as wide as the batch's largest degree
-        arity = max(1, max(int((g.children >= 0).sum(axis=1).max()) for g in graphs))
-        graphs_dense = [_packed(g) for g in graphs]
-    else:
-        graphs_dense = graphs
-    children = np.full((offsets[-1], arity), -1, dtype=np.int64)
-    for i, g in enumerate(graphs_dense):
-        c = g.children[:, :arity]
-        children[offsets[i]:offsets[i + 1], :c.shape[1]] = np.where(c >= 0, c + offsets[i], -1)
+    parts = [_edges_of(g, arity) for g in graphs]
+    edge_parent = np.concatenate([p + offsets[i] for i, (p, _, _) in enumerate(parts)]).astype(np.int64)
+    edge_child = np.concatenate([c + offsets[i] for i, (_, c, _) in enumerate(parts)]).astype(np.int64)
+    edge_slot = np.concatenate([k for _, _, k in parts]).astype(np.int64)
+    width = arity if arity is not None else (int(edge_slot.max()) + 1 if len(edge_slot) else 1)
     names = [g.name for g in graphs]
-    level = levels(children)
+    level = edge_levels(int(offsets[-1]), edge_parent, edge_child)
     _raise_on_cycle(level, names, offsets)
     if features is None:
         tokens, table = np.concatenate([g.tokens for g in graphs]), None
     else:
         tokens, table = np.arange(offsets[-1], dtype=np.int64), np.concatenate([g.features for g in graphs])
-    return Forest(children, tokens,
-                  np.concatenate([g.labels for g in graphs]),
-                  np.repeat(np.arange(len(graphs)), sizes),
-                  offsets, names, level, table)
+    return Forest(tokens, np.concatenate([g.labels for g in graphs]), np.repeat(np.arange(len(graphs)), sizes),
+                  offsets, names, level, edge_parent, edge_child, edge_slot, int(width), table)

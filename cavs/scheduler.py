@@ -27,6 +27,7 @@ height, as Tree-FC's) all three give the same tasks.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,24 +44,27 @@ MERGE_MIN_ROWS = 32
 class Schedule:
     """Rows in task order, and the edges (child -> parent) of every row in the same order: task t
     is rows [bounds[t], bounds[t+1]) and edges [edge_bounds[t], edge_bounds[t+1]); a row's edges
-    are [edge_offset[r], edge_offset[r+1]), in child order."""
+    are [edge_offset[r], edge_offset[r+1]), in slot order."""
     order: np.ndarray        # (N,) global vertex id held by each row
     bounds: np.ndarray       # (T+1,) task t = rows [bounds[t], bounds[t+1])
-    child_rows: np.ndarray   # (N, arity) row of child k of each row, -1 where absent
     tokens: np.ndarray       # (N,) token of each row, -1 where none
     labels: np.ndarray       # (N,) label of each row, -1 where none
-    edge_child: np.ndarray = None    # (E,) row of each edge's child
-    edge_parent: np.ndarray = None   # (E,) row of each edge's parent, non-decreasing
-    edge_offset: np.ndarray = None   # (N+1,) first edge of each row
-    edge_bounds: np.ndarray = None   # (T+1,) first edge of each task
+    edge_child: np.ndarray   # (E,) row of each edge's child
+    edge_parent: np.ndarray  # (E,) row of each edge's parent, non-decreasing
+    edge_slot: np.ndarray    # (E,) the child's slot at its parent
+    width: int               # slots per row (positional gathers read slots 0 .. width-1)
 
     def __post_init__(self):
-        if self.edge_child is None:
-            present = self.child_rows >= 0
-            parent, k = np.nonzero(present)            # row-major: by parent row, then child slot
-            self.edge_child, self.edge_parent = self.child_rows[parent, k], parent
-            self.edge_offset = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int64)
-            self.edge_bounds = self.edge_offset[self.bounds]
+        self.edge_offset = np.searchsorted(self.edge_parent, np.arange(self.num_rows + 1)).astype(np.int64)
+        self.edge_bounds = self.edge_offset[self.bounds]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.order)
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.bounds) - 1
 
     @property
     def num_edges(self) -> int:
@@ -71,13 +75,12 @@ class Schedule:
         """(N,) each row's number of children."""
         return np.diff(self.edge_offset)
 
-    @property
-    def num_rows(self) -> int:
-        return len(self.order)
-
-    @property
-    def num_tasks(self) -> int:
-        return len(self.bounds) - 1
+    @functools.cached_property
+    def child_rows(self) -> np.ndarray:
+        """(N, width) row of child k of each row, -1 where absent (for positional gathers)."""
+        out = np.full((self.num_rows, max(1, self.width)), -1, dtype=np.int64)
+        out[self.edge_parent, self.edge_slot] = self.edge_child
+        return out
 
     def tasks(self):
         b = self.bounds.tolist()
@@ -94,14 +97,7 @@ class Schedule:
     def respects_dependencies(self) -> bool:
         """Every child's row lies in a task before its parent's task."""
         task = self.task_of_rows()
-        rows, k = np.nonzero(self.child_rows >= 0)
-        return bool((task[self.child_rows[rows, k]] < task[rows]).all())
-
-
-def _edges(children: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(child, parent) vertex ids of every edge."""
-    parent, k = np.nonzero(children >= 0)
-    return children[parent, k], parent
+        return bool((task[self.edge_child] < task[self.edge_parent]).all())
 
 
 def alap_levels(forest: Forest) -> np.ndarray:
@@ -113,12 +109,12 @@ def alap_levels(forest: Forest) -> np.ndarray:
     late = np.full(n, last, dtype=np.int64)
     order = np.argsort(level, kind="stable")
     starts = np.searchsorted(level[order], np.arange(last + 2))
-    children = forest.children
+    edge_start = np.searchsorted(forest.edge_parent, np.arange(n + 1))
     for lv in range(last, 0, -1):            # a vertex's parents all sit on higher ASAP levels
         vs = order[starts[lv]:starts[lv + 1]]
-        kids = children[vs]
-        has = kids >= 0
-        np.minimum.at(late, kids[has], np.broadcast_to(late[vs][:, None] - 1, kids.shape)[has])
+        counts = edge_start[vs + 1] - edge_start[vs]
+        edges = np.repeat(edge_start[vs] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        np.minimum.at(late, forest.edge_child[edges], np.repeat(late[vs] - 1, counts))
     return late
 
 
@@ -133,8 +129,8 @@ def merged_levels(forest: Forest, min_rows: int = MERGE_MIN_ROWS) -> np.ndarray:
     if n == 0:
         return level
     last = int(level.max())
-    child, parent = _edges(forest.children)
-    movable = (forest.children >= 0).any(axis=1)
+    child, parent = forest.edge_child, forest.edge_parent
+    movable = np.bincount(parent, minlength=n) > 0
     count = np.bincount(level, minlength=last + 1)
     for t in range(last, 0, -1):
         if count[t] >= min_rows:
@@ -173,7 +169,7 @@ def schedule(forest: Forest, policy: str = "batched") -> Schedule:
         bounds = np.concatenate([[0], np.flatnonzero(np.diff(sorted_level)) + 1, [n]])
     row_of = np.empty(n, dtype=np.int64)
     row_of[order] = np.arange(n)
-    kids = forest.children[order]
-    child_rows = np.where(kids >= 0, row_of[np.maximum(kids, 0)], -1)
-    return Schedule(order, bounds.astype(np.int64), child_rows,
-                    forest.tokens[order], forest.labels[order])
+    parent, child = row_of[forest.edge_parent], row_of[forest.edge_child]
+    by_parent = np.lexsort((forest.edge_slot, parent))     # rows' edges together, in slot order
+    return Schedule(order, bounds.astype(np.int64), forest.tokens[order], forest.labels[order],
+                    child[by_parent], parent[by_parent], forest.edge_slot[by_parent], forest.width)

@@ -24,8 +24,8 @@ COLUMNS = (
     "memory_s", "total_s", "epoch_s", "extrapolated", "loss", "status", "git_rev", "profile", "cell_id",
     "timestamp",
     "ftz", "peak_rss_mb", "gpu_peak_mb",   # the cell's flush-to-zero setting and peak memory (experiments/cell.py)
-    "node", "machine",          # the host a cell ran on and its kind (experiments/machine.py)
     "blas",                     # the library of the system's matrix products (baselines' System.blas)
+    "node", "machine",          # the host a cell ran on and its kind (experiments/machine.py)
 )
 
 

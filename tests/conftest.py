@@ -1,8 +1,11 @@
 import os
+from pathlib import Path
 
 import pytest
 
 from cavs import datasets
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(config, items):
@@ -28,3 +31,9 @@ def small_samples():
 
 def backend_name():
     return os.environ.get("CAVS_BACKEND", "numpy")
+
+
+@pytest.fixture
+def importable_fake(monkeypatch):
+    """Cell subprocesses import the fake systems (tests/harness/fake_system.py) by name."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

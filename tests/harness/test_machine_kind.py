@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments import machine, results
+from experiments import machine, results, runner
 from experiments.__main__ import main as experiments_main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OTHER = {"cpu_model": "Another CPU(R) @ 9.9GHz", "cpu_count": 64, "gpu": None, "libraries": {}}
 
 
@@ -168,3 +168,12 @@ def test_a_directory_recorded_before_the_generation_was_known_is_another_kind(tm
     with pytest.raises(SystemExit, match=re.escape(machine.label(legacy))):
         machine.check_results_dir(tmp_path, ours)
     assert machine.slug(ours) != machine.slug(legacy)
+
+
+def test_resuming_never_mixes_machines(tmp_path):
+    """results/ holds the reference machine's rows: another machine must measure into its own dir."""
+    (tmp_path / "environment.json").write_text(json.dumps({"cpu_model": "another CPU", "cpu_count": 64, "gpu": None}))
+    with pytest.raises(SystemExit, match="measured on another machine"):
+        runner._check_same_machine(tmp_path)
+    runner.environment.write(tmp_path, 1, "quick")         # this machine's record: resuming is fine
+    runner._check_same_machine(tmp_path)

@@ -1,12 +1,13 @@
-"""Every gradient rule checked by central finite differences in float64, on real samples and on
-tiny hand-made graphs (DAGs, repeated children, overlapping slices)."""
+"""The gradient function dF (cavs/grad.py): every gradient rule checked by central finite differences
+in float64, on real samples, tiny hand-made graphs (DAGs, repeated children, overlapping slices)
+and the child-sum model on n-ary trees; a missing rule is named when the model is built."""
 import numpy as np
 import pytest
 
 import cavs
-from cavs import Batch, Model
-from cavs.graphs import Graph, make_forest
+from cavs import Model
 from tests.conftest import backend_name
+from tests.engine.helpers import dag, dag_batch, finite_differences, nary_trees
 
 
 def finite_difference_check(engine, batch, rng, per_param=12, eps=1e-6, rtol=1e-6):
@@ -66,15 +67,6 @@ def cell_overlapping_slices(v, p):
     v.push(h)
 
 
-def dag_batch(model):
-    """A DAG whose vertex 2 has two parents, and a vertex that gathers the same child twice."""
-    children = np.array([[-1, -1], [-1, -1], [0, 1], [2, 1], [2, 3], [4, 4]])
-    tokens = np.array([3, 7, -1, 5, -1, -1])
-    labels = np.array([1, -1, 0, 2, -1, 4])
-    g = Graph(children, tokens, labels, "dag")
-    return Batch(make_forest([g, Graph(children[:3], tokens[:3], labels[:3], "tree")], 2))
-
-
 @pytest.mark.parametrize("cell", [cell_relu_sub, cell_mul_neg_sigmoid, cell_overlapping_slices])
 @pytest.mark.parametrize("policy", ["batched", "serial"])
 def test_op_gradient_rules(cell, policy):
@@ -88,3 +80,16 @@ def test_tree_lstm_on_dag_inputs():
     model = cavs.models.build("tree_lstm", hidden=3, seed=1, dtype="float64")
     engine = cavs.Engine(model, backend=backend_name())
     finite_difference_check(engine, dag_batch(model), np.random.default_rng(2), per_param=8)
+
+
+def test_child_sum_gradients_pass_finite_differences(engines):
+    model, engine = engines(32)
+    batch = model.make_batch(nary_trees(seed=5)[:2] + [dag()])
+    finite_differences(engine, batch, np.random.default_rng(0))
+
+
+def test_missing_gradient_rule_is_named(monkeypatch):
+    from cavs import grad
+    monkeypatch.delitem(grad.GRADIENT_RULES, "tanh")
+    with pytest.raises(cavs.TraceError, match=r"\(tanh\): no gradient rule for op 'tanh'"):
+        cavs.models.build("tree_fc", hidden=4, leaves=4)

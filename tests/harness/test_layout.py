@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "experiments"
+PACKAGE = Path(__file__).resolve().parents[2] / "experiments"
 STUDIES = "experiments.studies"
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import cavs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_example(name: str, argv: list[str]):
@@ -20,7 +20,7 @@ def run_example(name: str, argv: list[str]):
 
 def test_child_sum_tree_lstm(capsys, monkeypatch):
     # without generated kernels: compiling them for a dozen child slots takes up to a minute on a
-    # cold cache (tests/test_library.py checks the fused kernels at a small arity)
+    # cold cache (tests/engine/test_fusion.py checks the fused kernels at a small arity)
     class Unfused(cavs.Engine):
         def __init__(self, model, *args, **kwargs):
             kwargs.setdefault("fusion", False)
@@ -47,5 +47,12 @@ def test_gru_language_model():
 def test_dag():
     losses = run_example("dag", ["--graphs", "32", "--vertices", "6", "--hidden", "8", "--batch-size", "8",
                                  "--epochs", "4", "--fusion", "0"])
+    assert np.isfinite(losses).all()
+    assert losses[-1] < losses[0]
+
+
+def test_child_attention():
+    losses = run_example("child_attention", ["--trees", "16", "--batch-size", "8", "--hidden", "8", "--embed", "8",
+                                             "--epochs", "3"])
     assert np.isfinite(losses).all()
     assert losses[-1] < losses[0]

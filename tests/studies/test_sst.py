@@ -13,7 +13,7 @@ from cavs.models.datasets import load_samples
 from cavs.models.workloads import init_params
 from experiments.studies import sst
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HAVE_DYNET = importlib.util.find_spec("dynet") is not None
 needs_dynet = pytest.mark.skipif(not HAVE_DYNET, reason="dynet is not installed")
 H, E, BS, STEPS = 150, 300, 5, 4      # the issue's sizes; 20 trees in batches of 5
@@ -96,6 +96,7 @@ def test_epoch_order_and_slices():
     assert sst.vertex_count(lines[0]) == len(__import__("cavs").workloads.to_graph("tree_lstm", lines[0]).labels)
 
 
+@pytest.mark.slow
 def test_harness_end_to_end(tmp_path):
     """A tiny run of every system through the real subprocess path writes the CSV; the plot step
     after it (as `make sst` runs it) the figure and summary."""

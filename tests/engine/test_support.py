@@ -1,17 +1,32 @@
-"""Products bounded by a child slot run on the rows that have that child (support.row_bounds,
-engine._subset_fn): the same numbers as multiplying every row of the task, and never taken by the
-paper's four models, whose tasks give every vertex the same children (so their numbers and speed
-are those of the full products)."""
+"""What each op computes per task (cavs/support.py): rows known to be zero are not computed (a leaf's
+[hl; hr] Uh, the gradients towards children it does not have); products bounded by a child slot run
+on the rows that have that child (support.row_bounds, engine._subset_fn), with the same numbers as
+multiplying every row of the task, and are never taken by the paper's four models, whose tasks give
+every vertex the same children (so their numbers and speed are those of the full products)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import cavs
 from cavs import lowering
-from tests.test_library import assert_close, child_sum_model, dag, nary_trees, sst_trees
+from tests.conftest import backend_name
+from tests.engine.helpers import assert_close, child_sum_model, dag, nary_trees, sst_trees
 
 SUBSET_KERNELS = ("matmul-rows", "matmul_t-rows", "param_grad-rows", "bias_grad-rows")
+
+
+def test_known_zero_rows_are_not_computed():
+    """Leaves have no children: the leaf task runs no [hl; hr] Uh and sends no child gradients."""
+    model = cavs.models.build("tree_lstm", hidden=4, seed=0, dtype="float64")
+    engine = cavs.Engine(model, backend=backend_name())
+    batch = model.make_batch(["(1 (2 a) (3 (2 b) (2 c)))"])    # 3 tasks: leaves, inner, root
+    engine.loss_and_grads(batch)
+    # forward: x Wx once (eager, leaf rows only), [hl; hr] Uh in the 2 internal tasks;
+    # backward: d[hl; hr] in the 2 internal tasks; d x once (lazy); one dW per parameter
+    assert engine.counters.kernels["matmul"] == 1 + 2
+    assert engine.counters.kernels["matmul_t"] == 2 + 1
+    assert engine.counters.kernels["param_grad"] == 2
+    assert engine.counters.kernels["scatter"] == 2 * 2
 
 
 def child_sum_run(graphs, share, monkeypatch, policy="batched"):

@@ -122,7 +122,7 @@ def test_dynet_depth_alone_in_a_fresh_process(samples):
             f"print(s.step(s.prepare(datasets.tree_fc_samples(3, leaves={LEAVES}, seed=5))))\n"
             "import dynet_config; assert dynet_config.get()['autobatch'] == 2")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.split()[-1]) == pytest.approx(want, rel=1e-4)
 

@@ -12,9 +12,7 @@ import pytest
 from experiments.results import COLUMNS
 from plots import report
 
-ROOT = Path(__file__).resolve().parents[1]
-while not (ROOT / "README.md").exists() and ROOT != ROOT.parent:     # tests/<group>/ or tests/
-    ROOT = ROOT.parent
+ROOT = Path(__file__).resolve().parents[2]          # tests/harness/ (tests/README.md is not a docs page)
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # [text](target) and ![alt](target); the target ends at whitespace or the closing parenthesis
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")

@@ -16,10 +16,9 @@ import pytest
 
 from experiments import executors, machine, registry, results, runner
 from experiments.profiles import get_profile
-from tests.test_experiments import PROFILE, FakeSystem, fake_experiment, rows_of
+from tests.harness.fake_system import MARKED, PROFILE, experiment, fake_experiment, rows_of
 
-TESTS = Path(__file__).resolve().parent
-MARKED = "test_ray:MarkedSystem"
+ROOT = Path(__file__).resolve().parents[2]
 try:
     import ray
 except ImportError:
@@ -27,33 +26,13 @@ except ImportError:
 needs_ray = pytest.mark.skipif(ray is None, reason="Ray is not installed (pip install -e '.[cluster]')")
 
 
-class MarkedSystem(FakeSystem):
-    """A fake system that leaves a file per run in `marks`: its pid, its parent's (the Ray worker) and
-    when it started and ended its timed step."""
-    def __init__(self, workload, *, marks, **kwargs):
-        super().__init__(workload, **kwargs)
-        self.marks = Path(marks)
-        self.mark = self.marks / f"{os.getpid()}.json"
-        self.mark.write_text(json.dumps({"worker": os.getppid(), "cell": self.batch_size, "start": time.time()}))
-
-    def step(self, batch):
-        loss = super().step(batch)
-        self.mark.write_text(json.dumps({**json.loads(self.mark.read_text()), "end": time.time()}))
-        return loss
-
-
-def experiment(system, values, variants=(("default", {}),)):
-    panel = registry.Panel("a", "tree_fc", (system,), "batch_size", values, hidden=8, leaves=8, variants=variants)
-    return registry.Experiment("fake", "fake", (panel,), {"kind": "lines", "y": "epoch_s", "layout": (1, 1)})
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    """A local Ray cluster of 2 CPUs; its workers (and so the cells) can import this directory."""
+    """A local Ray cluster of 2 CPUs; its workers (and so the cells) can import the repository's tests/."""
     if ray is None:
         pytest.skip("Ray is not installed")
     saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved]))
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     info = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20,
                     logging_level="WARNING")
@@ -70,6 +49,7 @@ def ray_run(exp, results_dir, profile=get_profile("quick"), **kw):
         return runner.run(exp, profile, results_dir, progress=False, executor=executor, **kw)
 
 
+@pytest.mark.slow
 @needs_ray
 def test_quick_sweep_through_ray_gives_the_local_executors_cells_and_statuses(cluster, tmp_path):
     exp = fake_experiment(variants=(("crash", {"crash": True}), ("hang", {"hang": True}), ("default", {})))
@@ -97,6 +77,7 @@ def test_cells_of_two_threads_on_two_cpus_never_overlap(cluster, tmp_path):
     assert executors.task_resources({"threads": 2, "device": "cuda"}) == {"num_cpus": 2, "num_gpus": 1}
 
 
+@pytest.mark.slow
 @needs_ray
 def test_killed_worker_and_driver_lose_no_row_and_duplicate_none(cluster, tmp_path):
     """SIGKILL the Ray worker running a cell (Ray retries the task), then the driver mid-sweep; the
@@ -105,11 +86,11 @@ def test_killed_worker_and_driver_lose_no_row_and_duplicate_none(cluster, tmp_pa
     marks.mkdir()
     values = (1, 2, 3, 4, 5, 6)
     options = {"marks": str(marks), "sleep_ms": 600}            # 2 timed batches + warm-up: ~2 s per cell
-    script = (f"import ray, test_ray as t; from experiments import executors, runner; "
+    script = (f"import ray, tests.harness.fake_system as t; from experiments import executors, runner; "
               f"ray.init(address={cluster!r}, log_to_driver=False, logging_level='WARNING'); "
               f"runner.run(t.experiment(t.MARKED, {values!r}, (('default', {options!r}),)), t.PROFILE, "
               f"{str(out)!r}, progress=False, executor=executors.RayExecutor())")
-    driver = subprocess.Popen([sys.executable, "-c", script], cwd=TESTS.parent, env=dict(os.environ))
+    driver = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=dict(os.environ))
     deadline = time.monotonic() + 90
     while not list(marks.glob("*.json")) and time.monotonic() < deadline and driver.poll() is None:
         time.sleep(0.05)

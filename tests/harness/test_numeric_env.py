@@ -18,7 +18,7 @@ from experiments.cell import frameworks_of
 from experiments.launch import EXTRA_MARK
 from experiments.registry import SYSTEM_FACTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # frameworks that flush denormals inside their own kernels whatever the thread's setting
 # (TensorFlow: ScopedFlushDenormal around every kernel and in its thread pools)
 ALWAYS_FLUSH = {"tensorflow"}
@@ -81,3 +81,29 @@ def test_the_option_reaches_the_cells_through_the_environment(monkeypatch):
     monkeypatch.delenv("CAVS_FTZ")
     assert environment.numeric_record()["ftz"] is True
     assert os.environ.get("CAVS_FTZ") is None
+
+
+def test_flush_denormals_is_set_per_thread():
+    import threading
+    import numpy as np
+    from experiments import environment
+    if environment.control_register() is None:
+        pytest.skip("no fenv access on this platform")
+    seen = {}
+
+    def thread():      # its own MXCSR: the test process's main thread is left as it was
+        for on in (True, False, True):
+            assert environment.set_flush_denormals(on)
+            seen[on] = float(np.float32(1e-20) * np.float32(1e-20)), environment.flush_state()
+            inner = []
+            t = threading.Thread(target=lambda: inner.append(environment.flush_state()))
+            t.start()
+            t.join()
+            assert inner == [on]             # a thread started now inherits the setting
+    before = environment.control_register()
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join()
+    assert seen[True] == (0.0, True) and seen[False][0] > 0 and seen[False][1] is False
+    assert environment.control_register() == before
+    assert environment.ftz_requested("0") is False and environment.ftz_requested(None) in (True, False)

@@ -1,7 +1,13 @@
 """Every system, from the same initial weights on the same real batch, gives the Cavs engine's loss
 (the batch's mean), and after one SGD step with clipping (the spec's threshold, and one low enough
-to clip) the same parameters (float64: rel. error <= 1e-6; float32: <= 1e-4)."""
+to clip) the same parameters (float64: rel. error <= 1e-6; float32: <= 1e-4). And the child-sum
+Tree-LSTM written in DyNet (baselines/dynet_child_sum.py) gives Cavs' losses on n-ary SST trees."""
 import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,10 +15,17 @@ import pytest
 import cavs
 from baselines import get_system
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 # system -> the Python module it needs (skip, with the reason, where it is not installed)
 NEEDS = {"pytorch": "torch", "pytorch-levels": "torch", "cudnn": "torch", "fold": "torch", "fold-n": "torch",
          "dynet": "dynet", "dynet-depth": "dynet", "tensorflow": "tensorflow", "cavs-serial": None}
+
+
 CASES = [(system, workload) for system in NEEDS for workload in cavs.workloads.WORKLOADS]
+
+
 HIDDEN = 6
 
 
@@ -54,3 +67,20 @@ def test_same_loss_and_update_as_cavs(system, workload, small_samples, clip_norm
         got = np.asarray(after[name], dtype=np.float64)
         scale = max(1.0, float(np.abs(want).max()))
         assert np.abs(got - want).max() <= tol * scale, f"{system} parameter {name} differs after one step"
+
+
+# ---------------------------------------------------------------- the child-sum model in DyNet
+
+@pytest.mark.skipif(importlib.util.find_spec("dynet") is None, reason="dynet is not installed")
+def test_dynet_child_sum_gives_the_same_losses_as_cavs():
+    """baselines/dynet_child_sum.py's DyNet model (child loop over the actual children) against
+    Cavs on the same n-ary SST batch from the same weights, three SGD steps (float32)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "experiments.studies", "nary", "--check", "--trees", "8",
+                           "--hidden", "16", "--embed", "8", "--batch-size", "8"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["max_degree"] >= 5
+    for step, (a, b) in enumerate(zip(result["cavs"], result["dynet"])):
+        assert b == pytest.approx(a, rel=2e-5), f"step {step}: cavs {a}, dynet {b}"

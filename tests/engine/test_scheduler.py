@@ -1,14 +1,14 @@
-"""Every batching policy (scheduler.POLICIES) gives the default policy's numbers: the same loss
-and gradients in float64 on the four models, real batches and a DAG; and every schedule keeps
-each child in a task before its parents'."""
+"""Batching policies (cavs/scheduler.py): every policy (scheduler.POLICIES) gives the default policy's
+numbers, the same loss and gradients in float64 on the four models, real batches, a DAG and the
+child-sum model on n-ary trees; serial gives the batched numbers; and every schedule keeps each
+child in a task before its parents'."""
 import numpy as np
 import pytest
 
 import cavs
-from cavs import Batch
-from cavs.graphs import Graph, make_forest
 from cavs.scheduler import MERGE_MIN_ROWS, POLICIES, alap_levels, merged_levels, schedule
 from tests.conftest import backend_name
+from tests.engine.helpers import assert_close, dag, dag_batch, engine_for, nary_trees, sst_trees
 
 OTHERS = [p for p in POLICIES if p != "batched"]
 
@@ -48,19 +48,38 @@ def test_policy_gives_the_default_numbers(workload, policy, small_samples, large
         assert_same(run(workload, make, "batched"), run(workload, make, policy), f"{workload} {size} {policy}")
 
 
-def dag_batch(model):
-    """A DAG whose vertex 2 has two parents, one of them two levels up, and a vertex that
-    gathers the same child twice; and a tree."""
-    children = np.array([[-1, -1], [-1, -1], [0, 1], [2, 1], [2, 3], [4, 4]])
-    tokens = np.array([3, 7, -1, 5, -1, -1])
-    labels = np.array([1, -1, 0, 2, -1, 4])
-    g = Graph(children, tokens, labels, "dag")
-    return Batch(make_forest([g, Graph(children[:3], tokens[:3], labels[:3], "tree")], 2))
-
-
 @pytest.mark.parametrize("policy", OTHERS)
 def test_policy_on_a_dag(policy):
     assert_same(run("tree_lstm", dag_batch, "batched"), run("tree_lstm", dag_batch, policy), f"dag {policy}")
+
+
+@pytest.mark.parametrize("workload", cavs.workloads.WORKLOADS)
+def test_batched_and_serial_policies_agree(workload, small_samples):
+    samples = small_samples[workload]
+    results = []
+    for policy in ("batched", "serial"):
+        model, engine = engine_for(workload, policy)
+        results.append(engine.loss_and_grads(model.make_batch(samples)))
+    (l1, g1), (l2, g2) = results
+    assert l1 == pytest.approx(l2, rel=1e-12)
+    for name in g1:
+        assert_close(g1[name], g2[name], 1e-10, f"{workload} serial vs batched d/d{name}")
+
+
+@pytest.mark.parametrize("policy", [p for p in cavs.scheduler.POLICIES if p != "serial"])
+def test_every_policy_equals_serial(policy, engines):
+    graphs = nary_trees(seed=3) + [dag()] + sst_trees(3)
+    results = {}
+    for p in ("serial", policy):
+        model, engine = engines(32, p)
+        results[p] = engine.loss_and_grads(model.make_batch(graphs))
+        results[p] = (*results[p], engine.predict(model.make_batch(graphs)))
+    (l1, g1, p1), (l2, g2, p2) = results["serial"], results[policy]
+    assert l2 == pytest.approx(l1, rel=1e-12)
+    for name in g1:
+        assert_close(g2[name], g1[name], 1e-10, f"{policy} vs serial: d loss/d {name}")
+    for a, b in zip(p1, p2):
+        assert_close(b, a, 1e-12, f"{policy} vs serial: predict")
 
 
 def sst_forest(count=64):

@@ -11,7 +11,8 @@ import pytest
 import cavs
 from cavs import concat, sigmoid, tanh
 from cavs.models import child_sum
-from tests.test_library import C, E, H, V, assert_close, dag, random_tree, reference, torch_params, topological
+from tests.engine.helpers import (C, E, H, V, assert_close, dag, finite_differences, random_tree, reference,
+                                  topological, torch_params)
 
 torch = pytest.importorskip("torch")
 
@@ -93,32 +94,10 @@ def test_the_kernels_do_not_grow_with_the_degree():
     assert after == kernels and len(kernels) <= 8
 
 
-def finite_differences(engine, model, graphs, names, eps=1e-6, samples=3, seed=0):
-    """Central differences of the loss on `samples` random entries of each parameter."""
-    batch = model.make_batch(graphs)
-    _, grads = engine.loss_and_grads(batch)
-    rng = np.random.default_rng(seed)
-    for name in names:
-        base = engine.params[name].copy()
-        for _ in range(samples):
-            idx = tuple(int(rng.integers(s)) for s in base.shape)
-            up, down = base.copy(), base.copy()
-            up[idx] += eps
-            down[idx] -= eps
-            engine.params[name] = up
-            f_up = engine.infer(batch)
-            engine.params[name] = down
-            f_down = engine.infer(batch)
-            engine.params[name] = base
-            numeric = (f_up - f_down) / (2 * eps)
-            assert grads[name][idx] == pytest.approx(numeric, rel=1e-5, abs=1e-8), f"d{name}{list(idx)}"
-
-
 def test_finite_differences_on_every_parameter_of_the_edge_models():
     graphs = [dag(), *wide_trees(5)[1:]]
     for model in (edge_model(), attention_model(), every_op_model(dropout=False)):
-        engine = cavs.Engine(model)
-        finite_differences(engine, model, graphs, list(engine.params))
+        finite_differences(cavs.Engine(model), model.make_batch(graphs), np.random.default_rng(0), rtol=1e-5)
 
 
 # ---------------------------------------------------------------- attention over children

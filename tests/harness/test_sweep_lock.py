@@ -13,24 +13,19 @@ import pytest
 
 from experiments import results, runner
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
-import test_experiments as fake  # noqa: E402  (the fake system and experiment of the harness tests)
+from tests.harness import fake_system as fake   # the fake system and experiment of the harness tests
 
+ROOT = Path(__file__).resolve().parents[2]
 VALUES = tuple(range(1, 7))
-
-
-@pytest.fixture(autouse=True)
-def importable_fake(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+pytestmark = pytest.mark.usefixtures("importable_fake")
 
 
 def sweep(results_dir: Path, sleep_ms: float = 300.0) -> subprocess.Popen:
     """A driver in its own process: a fake sweep of six cells, each sleeping `sleep_ms` per step."""
-    script = (f"import test_experiments as t; from experiments import runner; "
+    script = (f"import tests.harness.fake_system as t; from experiments import runner; "
               f"runner.run(t.fake_experiment(variants=(('slow', {{'sleep_ms': {sleep_ms}}}),), values={VALUES}), "
               f"t.PROFILE, {str(results_dir)!r}, progress=False)")
-    return subprocess.Popen([sys.executable, "-c", script], cwd=TESTS.parent, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -55,6 +50,7 @@ def wait_for(predicate, timeout=60):
     return predicate()
 
 
+@pytest.mark.slow
 def test_a_second_sweep_into_the_same_directory_is_refused_naming_the_first(tmp_path):
     first = sweep(tmp_path)
     assert wait_for(lambda: (tmp_path / results.SWEEP_LOCK).exists() and running_cells(tmp_path))
@@ -70,6 +66,7 @@ def test_a_second_sweep_into_the_same_directory_is_refused_naming_the_first(tmp_
     assert not list((tmp_path / "logs").glob("*.log"))       # the refused sweep touched no cell's log
 
 
+@pytest.mark.slow
 def test_a_killed_driver_leaves_no_cell_behind_and_its_lock_is_taken_over(tmp_path):
     driver = sweep(tmp_path)
     assert wait_for(lambda: len(fake.rows_of(tmp_path)) >= 2 and running_cells(tmp_path))

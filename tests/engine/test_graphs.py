@@ -1,0 +1,166 @@
+"""Input graphs and their readers (cavs/graphs.py, cavs/readers.py): the vectorized batch reader gives
+exactly the line-by-line reader's graphs; every malformed line gets the line-by-line reader's error,
+naming the line; bad graphs (cycles, dangling or too many children, tokens, labels and features out
+of range or of the wrong kind) raise InputError naming the sample and the vertex."""
+import re
+
+import numpy as np
+import pytest
+
+import cavs
+from cavs.graphs import Graph, InputError, make_forest
+from cavs.models import child_sum
+from cavs.readers import SourceLine, parse_ptb_tree, parse_ptb_trees
+from tests.engine.helpers import C, E, H, V, feature_cell
+
+
+def same_graph(a, b):
+    return (np.array_equal(a.children, b.children) and np.array_equal(a.tokens, b.tokens)
+            and np.array_equal(a.labels, b.labels) and a.name == b.name)
+
+
+@pytest.mark.parametrize("split", ["train", "dev", "test"])
+def test_batch_reader_equals_line_reader_on_all_of_sst(split):
+    vocab = cavs.datasets.sst_vocab()
+    lines = cavs.datasets.load_samples("tree_lstm", split)
+    fast_batches = 0
+    for i in range(0, len(lines), 64):
+        batch = lines[i:i + 64]
+        names = [line.origin for line in batch]
+        graphs = parse_ptb_trees(batch, vocab, names)
+        if graphs is None:      # only batches with a line outside the plain form (e.g. "\xa0")
+            assert any("\xa0" in line for line in batch)
+            continue
+        fast_batches += 1
+        for line, g in zip(batch, graphs):
+            assert same_graph(g, parse_ptb_tree(line, vocab, line.origin)[0]), line.origin
+    assert fast_batches >= len(lines) // 64 - 3
+
+
+@pytest.mark.parametrize("line", [
+    "(3 (2 8 1\\/2) (2 b))",                 # a word of two tokens, joined by one space
+    "(3 (2 A)   (4 (2 is)  (4 GOOD) ) )",      # extra spaces, upper case (lower-cased)
+    "(3 (2   a) (2 b))",                       # spaces before a word: line by line
+    "(2 single)",                            # one vertex
+    "(1 (2 a))",                             # one child
+    "(3 (2 8\xa01\\/2) (2 b))",              # a non-breaking space: line by line
+])
+def test_batch_reader_on_edge_cases(line):
+    vocab = {"a": 1, "b": 2, "is": 3, "good": 4, "8 1\\/2": 5, "single": 6}
+    batch = ["(1 (2 a) (3 b))", line, "(4 (0 is) (2 good))"]
+    want = [parse_ptb_tree(x, vocab, f"s{i}")[0] for i, x in enumerate(batch)]
+    got = parse_ptb_trees(batch, vocab, ["s0", "s1", "s2"])
+    if "\xa0" in line or "   a" in line:
+        assert got is None
+    else:
+        assert all(same_graph(g, w) for g, w in zip(got, want))
+
+
+MALFORMED_TREES = [
+    ("(3 (2 a) (2 b)", "unbalanced brackets"),
+    ("(3 (2 a) (2 b)))", "unexpected ')'"),
+    ("(3 (2 a) (2 b) (2 c))", "has 3 children"),
+    ("(x (2 a) (2 b))", "is not an integer"),
+    ("(3 (2 a) (7 b))", "label 7"),
+    ("(13 (2 a) (2 b))", "label 13"),
+    ("(3 word (2 a))", "mixes words and subtrees"),
+    ("(3 (2 a) word)", "mixes words and subtrees"),
+    ("(3 (2 a)) (2 b)", "text after the root"),
+    ("word (3 (2 a))", "outside any bracket"),
+    ("(3 (2 a) ())", "not followed by a label"),
+    ("(3 (2 a) (2))", "neither word nor children"),
+    ("", "empty line"),
+]
+
+
+@pytest.mark.parametrize("line,message", MALFORMED_TREES)
+def test_batch_of_trees_with_one_bad_line_names_it(line, message):
+    """The bad line sits between good ones; the error names its file and line."""
+    good = [SourceLine("(1 (2 a) (3 b))", "train.txt:1"), SourceLine("(4 (0 is) (2 good))", "train.txt:3")]
+    batch = [good[0], SourceLine(line, "train.txt:2"), good[1]]
+    with pytest.raises(InputError, match=f"train.txt:2: .*{re.escape(message)}"):
+        cavs.workloads.to_graphs("tree_lstm", batch)
+    assert len(cavs.workloads.to_graphs("tree_lstm", good)) == 2
+
+
+@pytest.mark.parametrize("line,message", MALFORMED_TREES)
+def test_malformed_tree_names_the_line(line, message):
+    """Through the engine's own entry point (test_batch_of_trees_with_one_bad_line_names_it: the same lines in a batch)."""
+    model = cavs.models.build("tree_lstm", hidden=4)
+    sample = cavs.readers.SourceLine(line, "train.txt:42")
+    with pytest.raises(cavs.InputError, match=f"train.txt:42.*{re.escape(message)}"):
+        model.make_batch([sample])
+
+
+def test_errors_name_sample_and_vertex():
+    model = cavs.models.build("tree_fc", hidden=4, leaves=4)
+    cyclic = Graph(np.array([[-1, -1], [0, 2], [1, -1]]), np.array([1, -1, -1]), np.array([-1, -1, 0]), "sample 3")
+    fine = Graph(np.array([[-1, -1], [-1, -1], [0, 1]]), np.array([1, 2, -1]), np.array([-1, -1, 0]), "sample 2")
+    with pytest.raises(cavs.InputError, match="sample 3: the graph has a cycle; vertex 1"):
+        make_forest([fine, cyclic], 2)
+    out_of_range = Graph(np.array([[-1, -1], [0, 5]]), np.array([1, -1]), np.array([-1, 0]), "sample 0")
+    with pytest.raises(cavs.InputError, match="sample 0: vertex 1 child 1 is 5, out of range"):
+        make_forest([out_of_range], 2)
+    ternary = Graph(np.array([[-1, -1, -1], [-1, -1, -1], [-1, -1, -1], [0, 1, 2]]),
+                    np.array([1, 1, 1, -1]), np.array([-1, -1, -1, 0]), "sample 7")
+    with pytest.raises(cavs.InputError, match="sample 7: vertex 3 has 3 children, more than .* arity 2"):
+        make_forest([ternary], 2)
+    with pytest.raises(cavs.InputError, match="empty batch"):
+        model.make_batch([])
+    with pytest.raises(cavs.InputError, match="sample 1: token 2 is 99999"):
+        cavs.models.build("var_lstm", hidden=4).make_batch([[1, 2, 3], [4, 5, 99999, 6]])
+
+
+def test_parent_array_reader():
+    g = cavs.graphs.from_parent_array([2, 2, -1, 0], name="p")
+    assert g.children.tolist() == [[3, -1], [-1, -1], [0, 1], [-1, -1]]
+    with pytest.raises(cavs.InputError, match="p: vertex 1 has parent 9"):
+        cavs.graphs.from_parent_array([-1, 9], name="p")
+    with pytest.raises(cavs.InputError, match="cycle"):
+        cavs.graphs.from_parent_array([1, 0, -1], name="p")
+
+
+def test_bad_graphs_raise_input_error_naming_graph_and_vertex():
+    model = child_sum.model(2, H, E, V, classes=C)
+    cases = [
+        (lambda: model.make_batch([cavs.Graph.from_children([[], [], [], [0, 1, 2]], name="too wide")]),
+         r"too wide: vertex 3 has 3 children, more than .*arity 2"),
+        (lambda: model.make_batch([cavs.Graph.from_children([[], [2], [1]], name="loop")]),
+         r"loop: .*cycle.* vertex [12]\b"),
+        (lambda: cavs.Graph.from_children([[], [0, 5]], name="dangling"),
+         r"dangling: vertex 1 child 1 is 5, out of range"),
+        (lambda: model.make_batch([cavs.Graph.from_children([[], [0]], labels=[-1, C], name="big label")]),
+         rf"big label: vertex 1 has label {C}, outside 0..{C - 1}"),
+        (lambda: model.make_batch([cavs.Graph.from_children([[], [0]], tokens=[V, -1], name="big token")]),
+         rf"big token: vertex 0 has token {V}, outside the vocabulary 0..{V - 1}"),
+        (lambda: cavs.Graph.from_parents([1, -1, 7], name="parents"), r"parents: vertex 2"),
+    ]
+    for make, pattern in cases:
+        with pytest.raises(cavs.InputError, match=pattern):
+            make()
+    # the second graph of a batch is named, with its own vertex numbers
+    good = cavs.Graph.from_children([[], [0]], tokens=[1, 2], labels=[0, 1], name="fine")
+    with pytest.raises(cavs.InputError, match=r"second: vertex 0 has token 10"):
+        model.make_batch([good, cavs.Graph.from_children([[]], tokens=[V], name="second")])
+
+
+def test_fractional_tokens_and_labels_raise_input_error():
+    with pytest.raises(cavs.InputError, match=r"fractional: vertex 0"):
+        cavs.Graph.from_children([[]], tokens=[1.7], labels=[2.9], name="fractional")
+
+
+def test_features_given_to_a_model_without_inputs_raise_input_error():
+    model = cavs.Model(feature_cell, {"W": (3, 4), "U": (4, 4), "b": (4,)}, arity=2, state=4,
+                       embedding=(V, 3), classes=2)
+    g = cavs.Graph.from_children([[], [0]], tokens=[1, 2], features=np.zeros((2, 3)), labels=[0, 1], name="extra")
+    with pytest.raises(cavs.InputError, match=r"extra: the graph has features, but the model reads none"):
+        model.make_batch([g])
+
+
+def test_features_of_the_wrong_width_raise_input_error():
+    model = cavs.Model(feature_cell, {"W": (3, 4), "U": (4, 4), "b": (4,)}, arity=2, state=4, inputs=3, classes=2)
+    g = cavs.Graph.from_children([[], [0]], features=np.zeros((2, 4)), labels=[0, 1], name="wide features")
+    with pytest.raises(cavs.InputError, match=r"wide features: .*3 features per vertex.*\(2, 4\)"):
+        model.make_batch([g])
+    with pytest.raises(cavs.InputError, match="no features"):
+        model.make_batch([cavs.Graph.from_children([[], [0]], labels=[0, 1], name="no features")])

@@ -1,0 +1,113 @@
+"""Tracing a vertex function (cavs/vertex.py): a mistake in it is a TraceError when the model is
+built, naming the op and the user's line (gathers beyond the arity, scatter twice or never, wrong
+shapes, unknown or indexed parameters)."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+import cavs
+from cavs import concat, tanh
+from tests.engine.helpers import V
+
+
+def _model_with(cell):
+    return cavs.Model(cell, {"W": (8, 4), "b": (4,)}, arity=2, state=4, embedding=(10, 4), classes=5)
+
+
+def test_trace_errors_name_the_line_and_op():
+    def gathers_a_missing_child(v, p):
+        v.scatter(v.gather(2))
+
+    def scatters_twice(v, p):
+        v.scatter(v.gather(0))
+        v.scatter(v.gather(1))
+
+    def never_scatters(v, p):
+        v.push(v.gather(0))
+
+    def wrong_shapes(v, p):
+        v.scatter(v.gather(0) @ p.W)
+
+    def unknown_param(v, p):
+        v.scatter(v.gather(0) @ p.nope)
+
+    with pytest.raises(cavs.TraceError, match=r"test_trace.py:\d+ \(gather\): child index 2 is beyond the declared arity 2"):
+        _model_with(gathers_a_missing_child)
+    with pytest.raises(cavs.TraceError, match=r"\(scatter\): scatter called twice"):
+        _model_with(scatters_twice)
+    with pytest.raises(cavs.TraceError, match="scatter was never called"):
+        _model_with(never_scatters)
+    with pytest.raises(cavs.TraceError, match=r"test_trace.py:\d+ \(matmul\): cannot multiply a vertex vector of width 4"):
+        _model_with(wrong_shapes)
+    with pytest.raises(cavs.TraceError, match="unknown parameter p.nope"):
+        _model_with(unknown_param)
+
+
+def line_of(fn, text: str) -> str:
+    """'test_trace.py:LINE' of the line of fn's source that contains `text`."""
+    lines, first = inspect.getsourcelines(fn)
+    return f"{Path(__file__).name}:{first + next(i for i, l in enumerate(lines) if text in l)}"
+
+
+def cell_unknown_param(v, p):
+    h = tanh(v.pull() @ p.W + v.gather(0) @ p.Missing)
+    v.scatter(h)
+    v.push(h)
+
+
+def cell_gather_beyond(v, p):
+    h = tanh(v.pull() @ p.W + v.gather(2) @ p.U)
+    v.scatter(h)
+    v.push(h)
+
+
+def cell_wrong_width(v, p):
+    h = tanh(v.pull() @ p.W + v.gather(0) @ p.U)
+    v.scatter(concat(h, h))
+    v.push(h)
+
+
+def cell_no_scatter(v, p):
+    h = tanh(v.pull() @ p.W + v.gather(0) @ p.U)
+    v.push(h)
+
+
+def build(cell):
+    return cavs.Model(cell, {"W": (3, 4), "U": (4, 4)}, arity=2, state=4, embedding=(V, 3), classes=2)
+
+
+@pytest.mark.parametrize("cell, text, message", [
+    (cell_unknown_param, "p.Missing", r"unknown parameter p\.Missing"),
+    (cell_gather_beyond, "gather(2)", r"gather.*child index 2 is beyond the declared arity 2"),
+    (cell_wrong_width, "v.scatter", r"scatter.*width 8.*state width 4"),
+])
+def test_bad_vertex_functions_raise_trace_error_naming_the_line(cell, text, message):
+    with pytest.raises(cavs.TraceError, match=message) as info:
+        build(cell)
+    assert line_of(cell, text) in str(info.value)
+
+
+def test_vertex_function_that_never_scatters_names_its_line():
+    with pytest.raises(cavs.TraceError, match="scatter was never called") as info:
+        build(cell_no_scatter)
+    assert line_of(cell_no_scatter, "def cell_no_scatter") in str(info.value)
+
+
+def test_vertex_function_that_never_scatters_raises_trace_error():
+    with pytest.raises(cavs.TraceError, match=r"\(cell_no_scatter\): scatter was never called"):
+        build(cell_no_scatter)
+
+
+def cell_slices_a_parameter(v, p):
+    h = tanh(v.pull() @ p.W[:, :2] + v.gather(0) @ p.U)
+    v.scatter(h)
+    v.push(h)
+
+
+def test_indexing_a_parameter_raises_trace_error_naming_the_line():
+    with pytest.raises(cavs.TraceError) as info:
+        build(cell_slices_a_parameter)
+    assert line_of(cell_slices_a_parameter, "p.W[:, :2]") in str(info.value)

@@ -1,0 +1,27 @@
+"""The floors of the bench and nary studies (experiments/floors.py): the frontier bound's rows, and the
+child-sum model's multiply-adds counted on the rows that have each product's input."""
+import pytest
+
+
+@pytest.mark.parametrize("workload", ["tree_lstm", "var_lstm"])
+def test_frontier_rows_cover_each_vertex_with_children_once(workload):
+    """The frontier bound times every loop task's state matmul: its rows must be exactly the
+    vertices with children (each in one task), so its flops are a part of the floor's."""
+    from experiments import floors
+    import cavs
+    samples = cavs.datasets.load_samples(workload, limit=100)
+    rows = floors.frontier_rows(workload, 64, samples, batch_size=32)
+    graphs = [cavs.workloads.to_graph(workload, x, i) for i, x in enumerate(samples)]
+    assert sum(rows) == sum(int((g.children >= 0).any(axis=1).sum()) for g in graphs)
+    assert min(rows) > 0 and len(rows) >= max(int(cavs.graphs.levels(g.children).max()) for g in graphs)
+    state_flops = 2 * 2 * sum(rows) * floors.state_in_width(workload, 64) * floors.GATES[workload] * 64
+    assert state_flops < 2 * floors.needed_macs(workload, 64, samples)
+
+
+def test_nary_floor_counts_each_product_on_the_rows_that_have_its_input():
+    import cavs
+    from experiments.floors import child_sum_macs
+    g = cavs.Graph.from_children([[], [], [], [0, 1, 2]], tokens=[3, 4, 5, -1], labels=[1, 1, -1, 2])
+    H, E, C = 8, 6, 5
+    words, inner, edges, labelled = 3, 1, 3, 3
+    assert child_sum_macs([g], H, E, C) == 3 * (words * E * 4 * H + inner * H * 3 * H + edges * H * H + labelled * H * C)

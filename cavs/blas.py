@@ -26,7 +26,7 @@ The libraries (each only where installed and usable for the dtype):
 A product is keyed by (layout, row class, inner, outer): layout "nn" is x W, "nt" dy W^T, "tn"
 x^T dy (a parameter gradient, whose inner dimension is the rows); the row class is the power of
 two at or below the varying dimension (capped at MAX_ROW_CLASS). `measure` times each library on
-each key of a model (the engine lists them from F, dF and the head); the choices persist in
+each key of a model (the engine lists them from F, dF and the head); their times persist in
 <kernel cache>/blas-<key>.json, keyed by the CPU's generation, the libraries' versions, the
 kernel set OpenBLAS runs, the thread count and the dtype. A file that cannot be read is ignored
 with a warning and measured again.
@@ -51,6 +51,9 @@ CHOICES = ("auto",) + LIBRARIES + ("numpy",)      # "numpy": np.matmul, NumPy's 
 MAX_ROW_CLASS = 1024           # larger products run at the rate of this class (measured: within 5%)
 ROW_CLASSES = tuple(1 << k for k in range(MAX_ROW_CLASS.bit_length()))     # 1, 2, 4, ..., 1024
 MIN_TIMED_S = 0.002            # a measurement repeats the product until it took this long, 3 times at least
+# products a pass makes with one weight, sharing its packing (the loop's tasks: 10-30 per batch on
+# the paper's trees and sentences; the lower end, so that packing is not undercharged)
+PACK_USES = 12
 _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_TRANS = 101, 111, 112
 
 
@@ -246,10 +249,13 @@ def make(name: str):
 # ---------------------------------------------------------------- choosing
 
 class Gemm:
-    """out = a @ b (+ bias), or out += a @ b, by the library chosen for the product's key."""
+    """out = a @ b (+ bias), or out += a @ b, by the library chosen for the product's key; with
+    several threads, all of them from one thread pool (`pool`)."""
 
-    def __init__(self, libraries: dict, choice: dict, default: str, forced: str | None = None):
+    def __init__(self, libraries: dict, choice: dict, default: str, forced: str | None = None,
+                 pool: str | None = None, threads: int = 1):
         self.libraries, self.choice, self.default, self.forced = libraries, choice, default, forced
+        self.pool, self.threads = pool, threads
 
     @property
     def name(self) -> str:
@@ -259,8 +265,9 @@ class Gemm:
         won = {}
         for lib in self.choice.values():
             won[lib] = won.get(lib, 0) + 1
-        return "auto: " + ", ".join(f"{k} {v}" for k, v in sorted(won.items(), key=lambda kv: -kv[1])) \
-            if won else f"auto: {self.default}"
+        pool = f" ({self.pool} pool, {self.threads} threads)" if self.threads > 1 else ""
+        return ("auto: " + ", ".join(f"{k} {v}" for k, v in sorted(won.items(), key=lambda kv: -kv[1])) \
+                if won else f"auto: {self.default}") + pool
 
     def new_pass(self):
         for lib in self.libraries.values():
@@ -268,11 +275,46 @@ class Gemm:
                 lib.new_pass()
 
     def __call__(self, out, a, b, accumulate: bool = False, bias=None):
-        if self.forced:
-            return self.libraries[self.forced].gemm(out, a, b, accumulate, bias)
         layout = layout_of(a, b)
+        if self.forced:
+            lib = self.libraries[self.forced]
+            if layout is None or not lib.supports(out.dtype, layout):
+                lib = self.libraries[self.default]          # e.g. oneDNN has no x^T dy
+            return lib.gemm(out, a, b, accumulate, bias)
         lib = self.choice.get(key_of(layout, a, b), self.default) if layout else self.default
         self.libraries[lib].gemm(out, a, b, accumulate, bias)
+
+
+# libraries that share one thread pool: with several threads, the engine multiplies in one pool
+# only, the other pinned to one thread (two pools of spinning workers on the same cores slowed a
+# Tree-LSTM epoch at two threads 2-5x)
+POOLS = {"openblas": ("openblas",), "torch": ("mkl", "onednn")}
+
+
+def pool_of(library: str) -> str:
+    return next((p for p, libs in POOLS.items() if library in libs), "openblas")
+
+
+def set_pool_threads(pool: str | None, threads: int) -> None:
+    """`threads` for the libraries of `pool`, one for the others (`pool` None: `threads` for all)."""
+    from threadpoolctl import threadpool_limits
+    blas_threads = threads if pool in (None, "openblas") else 1
+    torch_threads = threads if pool in (None, "torch") else 1
+    threadpool_limits(blas_threads, user_api="blas")
+    torch = _torch()
+    if torch is not None:
+        torch.set_num_threads(torch_threads)
+        threadpool_limits(torch_threads, user_api="openmp")
+
+
+def current_threads() -> int:
+    """The most threads any of this process's GEMM pools uses now."""
+    from threadpoolctl import threadpool_info
+    counts = [i.get("num_threads") or 1 for i in threadpool_info() if i.get("user_api") == "blas"]
+    torch = _torch()
+    if torch is not None:
+        counts.append(torch.get_num_threads())
+    return max(counts or [1])
 
 
 def available(dtype, layout: str | None = None) -> list[str]:
@@ -283,6 +325,16 @@ def available(dtype, layout: str | None = None) -> list[str]:
         if lib.supports(dtype, layout or "nn") and (name != "openblas" or _openblas_gemm()):
             out.append(name)
     return out
+
+
+def _time_packing(lib, b) -> float:
+    best = float("inf")
+    for _ in range(3):
+        lib.new_pass()
+        t0 = time.perf_counter()
+        lib._weight(b)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _time(lib, out, a, b, accumulate) -> float:
@@ -298,12 +350,23 @@ def _time(lib, out, a, b, accumulate) -> float:
     return best
 
 
-def measure(keys, dtype, libraries: list[str]) -> dict[tuple, dict[str, float]]:
+def measure(keys, dtype, libraries: list[str], packing: bool = False, threads: int = 1) -> dict[tuple, dict[str, float]]:
     """{key: {library: seconds}} for each product key (layout, rows, inner, outer), on operands laid
-    out as the engine's are (a parameter-gradient key accumulates, the others write)."""
+    out as the engine's are (a parameter-gradient key accumulates, the others write). With
+    `packing`, a library that packs its weight (oneDNN) is charged the packing too, shared by the
+    PACK_USES products a pass makes with one weight (the engine packs once per pass). With several
+    `threads`, each library runs with its pool at that many threads and the other pool at one."""
+    out: dict = {}
+    if threads > 1:
+        for pool, members in POOLS.items():
+            mine = [lib for lib in libraries if lib in members]
+            if mine:
+                set_pool_threads(pool, threads)
+                for key, times in measure(keys, dtype, mine, packing).items():
+                    out.setdefault(key, {}).update(times)
+        return out
     rng = np.random.default_rng(0)
     libs = {name: make(name) for name in libraries}
-    out = {}
     for layout, rows, inner, outer in keys:
         if layout == "tn":            # dW (inner x outer) += x^T dy over `rows` rows
             x = rng.uniform(-1, 1, (rows, inner)).astype(dtype)
@@ -321,6 +384,8 @@ def measure(keys, dtype, libraries: list[str]) -> dict[tuple, dict[str, float]]:
                 if hasattr(lib, "new_pass"):
                     lib.new_pass()
                 times[name] = _time(lib, c, a, b, layout == "tn")
+                if packing and hasattr(lib, "new_pass"):
+                    times[name] += _time_packing(lib, b) / PACK_USES
         out[(layout, rows, inner, outer)] = times
     return out
 
@@ -331,7 +396,7 @@ def cache_key(dtype, threads: int | None) -> str:
     from .backend.cpu import cpu_generation, cpu_model
     facts = {"cpu": cpu_model(), **cpu_generation(), "python": sys.version.split()[0], "numpy": np.__version__,
              "torch": getattr(_torch(), "__version__", None), "openblas_kernels": openblas_kernels(),
-             "threads": threads, "dtype": np.dtype(dtype).name}
+             "threads": threads, "dtype": np.dtype(dtype).name, "format": "times per library"}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -356,7 +421,7 @@ def read_cache(path: Path | None) -> dict:
         return {}
     try:
         data = json.loads(path.read_text())
-        return {tuple(json.loads(k)): v for k, v in data["choices"].items()}
+        return {tuple(json.loads(k)): v for k, v in data["times"].items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         warnings.warn(f"{path}: the cached GEMM choices cannot be read ({type(exc).__name__}: {exc}); "
                       "measuring them again", RuntimeWarning, stacklevel=3)
@@ -364,9 +429,10 @@ def read_cache(path: Path | None) -> dict:
 
 
 def write_cache(path: Path | None, choices: dict) -> None:
+    """{key: {library: seconds}} into `path`, written whole and renamed over."""
     if path is None:
         return
-    data = {"choices": {json.dumps(list(k)): v for k, v in sorted(choices.items())}}
+    data = {"times": {json.dumps(list(k)): v for k, v in sorted(choices.items())}}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(data, indent=1) + "\n")
@@ -377,25 +443,40 @@ def write_cache(path: Path | None, choices: dict) -> None:
 
 def choose(keys, dtype, threads: int | None = None, blas: str | None = None) -> Gemm:
     """The engine's Gemm: `blas` "auto" (default: $CAVS_CPU_BLAS, else auto) chooses per key by
-    measurement (cached); a library's name forces it for every product."""
+    measurement (the libraries' times are cached); a library's name forces it for every product it
+    can run. With several threads, all products run in one thread pool (POOLS): the one whose
+    libraries are fastest over the model's keys together."""
     blas = blas or os.environ.get("CAVS_CPU_BLAS") or "auto"
     if blas not in CHOICES:
         raise ValueError(f"unknown blas {blas!r}; choose one of {', '.join(CHOICES)}")
     dtype = np.dtype(dtype)
     names = available(dtype)
+    threads = threads or current_threads()
+    default = "openblas" if "openblas" in names else "numpy"
     if blas != "auto":
         if blas != "numpy" and blas not in names:
             raise ValueError(f"blas {blas!r} is not usable here for {dtype.name} (usable: {', '.join(names)})")
-        return Gemm({blas: make(blas)}, {}, blas, forced=blas)
+        pool = pool_of(blas) if threads > 1 and blas != "numpy" else None
+        fallback = default if pool in (None, "openblas") else "mkl"
+        return Gemm({blas: make(blas), fallback: make(fallback)}, {}, fallback, forced=blas, pool=pool,
+                    threads=threads)
     libraries = {name: make(name) for name in names + ["numpy"]}
-    default = "openblas" if "openblas" in names else "numpy"
     path = cache_path(dtype, threads)
     cached = read_cache(path)
     keys = sorted(set(keys))
-    missing = [k for k in keys if cached.get(k) not in libraries]
+    runs = {layout: {lib for lib in names if libraries[lib].supports(dtype, layout)} for layout in ("nn", "nt", "tn")}
+    missing = [k for k in keys if not isinstance(cached.get(k), dict) or not runs[k[0]] <= set(cached[k])]
     if missing:
-        for key, times in measure(missing, dtype, names).items():
-            cached[key] = min(times, key=times.get) if times else default
+        cached.update(measure(missing, dtype, names, packing=True, threads=threads))
         write_cache(path, cached)
-    choice = {k: cached[k] for k in keys}
-    return Gemm(libraries, choice, default)
+    times = {k: {lib: t for lib, t in cached[k].items() if lib in names} for k in keys}
+    pool = None
+    if threads > 1:                  # the pool whose libraries are fastest over these keys together
+        def total(p):
+            return sum(min((t for lib, t in ts.items() if lib in POOLS[p]), default=float("inf"))
+                       for ts in times.values())
+        pool = min((p for p in POOLS if any(lib in names for lib in POOLS[p])), key=total)
+        times = {k: {lib: t for lib, t in ts.items() if lib in POOLS[pool]} for k, ts in times.items()}
+        default = POOLS[pool][0] if POOLS[pool][0] in names else default
+    choice = {k: min(ts, key=ts.get) if ts else default for k, ts in times.items()}
+    return Gemm(libraries, choice, default, pool=pool, threads=threads)

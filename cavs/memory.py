@@ -175,19 +175,20 @@ class MessagePlans:
 
     def __init__(self, sched: Schedule, backend):
         self.plans: list[list[GatherPlan]] = []
+        distinct = _unique(sched.edge_child)       # a tree's children are: then so is every subset
         for a, b in sched.tasks():
             per_k = []
             for k in range(sched.child_rows.shape[1]):
                 idx = sched.child_rows[a:b, k]
                 present = idx >= 0
                 if present.all():
-                    per_k.append(GatherPlan("all", backend.index(idx), None, _unique(idx)))
+                    per_k.append(GatherPlan("all", backend.index(idx), None, distinct or _unique(idx)))
                 elif not present.any():
                     per_k.append(GatherPlan("none"))
                 else:
                     kept = idx[present]
                     per_k.append(GatherPlan("some", backend.index(kept),
-                                            backend.index(np.flatnonzero(present)), _unique(kept)))
+                                            backend.index(np.flatnonzero(present)), distinct or _unique(kept)))
             self.plans.append(per_k)
 
 

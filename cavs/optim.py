@@ -103,7 +103,8 @@ class SGD(Optimizer):
         if self.weight_decay:
             g = self._decayed(g, p, coef)
             coef = 1.0
-        p -= (self.lr * coef) * g
+        xp.multiply(g, -self.lr * coef, out=g)       # in place: no temporary the size of p
+        p += g
 
     def _rows(self, be, name, p, rows, g, coef):
         if self.weight_decay:

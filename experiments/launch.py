@@ -177,13 +177,14 @@ def run_records(module: str, args: list[str], *, threads: int = 1,
 def file_order_cell(system: str, workload: str, hidden: int, samples: int, options: dict, repeats: int,
                     leaves: int = 256, threads: int = 1) -> dict:
     """The sweep cell the studies time a system with (bench, policies): training on the first
-    `samples` samples of the file in batches of 64, `threads` compute threads, one untimed warm-up
-    batch, the fastest of `repeats` passes (run it with run_cell)."""
+    `samples` samples of the file in batches of 64, `threads` compute threads, the largest batch
+    stepped untimed first (buffers sized by the batch reach their maximum before the clock starts,
+    for every system alike), then the fastest of `repeats` passes (run it with run_cell)."""
     name = "-".join([system, workload, f"h{hidden}", f"n{samples}", f"t{threads}",
                      *(f"{k}={v}" for k, v in sorted(options.items()))])
     return {"cell_id": name, "system": system, "workload": workload, "hidden": hidden, "batch_size": 64,
             "mode": "train", "threads": threads, "leaves": leaves, "device": "cpu", "options": options,
-            "samples": samples, "warmup_batches": 1, "repeats": repeats, "order": "file"}
+            "samples": samples, "warmup_batches": 1, "repeats": repeats, "order": "file", "warmup": "largest"}
 
 
 def keep_fastest(best: dict, key, result: dict, time_field: str = "total_s") -> None:

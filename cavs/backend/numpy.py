@@ -36,8 +36,11 @@ class NumpyBackend:
         self.flush_denormals()
 
     def use_gemm(self, gemm: "blas.Gemm") -> None:
-        """Routes every product through `gemm` (blas.choose: a library per product shape)."""
+        """Routes every product through `gemm` (blas.choose: a library per product shape); with
+        several threads, its pool gets them and the other pool one."""
         self.gemm, self.blas = gemm, gemm.name
+        if gemm.pool is not None:
+            blas.set_pool_threads(gemm.pool, gemm.threads)
 
     def new_pass(self):
         """The parameters may have changed since the last pass: drop what was derived from them."""

@@ -42,7 +42,7 @@ TABLE = ["workload", "hidden", "system", "threads", "total_s", "construct_s", "c
 
 def add_arguments(ap) -> None:
     ap.add_argument("--hidden", default="64,256,512", help="Tree-LSTM hidden sizes")
-    ap.add_argument("--repeats", type=int, default=1, help="timed passes per cell (fastest kept)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed passes per cell (fastest kept)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the systems")
     ap.add_argument("--threads", default="1", help="compute threads per cell, e.g. 1,2: every system at each, "
                                                     "in one run (make bench THREADS=2 gives 1,2)")

@@ -94,7 +94,7 @@ def test_auto_measures_once_and_caches_per_machine_kind(cache, monkeypatch):
     assert set(engine.backend.gemm.choice) == keys
     assert set(engine.backend.gemm.choice.values()) <= set(blas.available("float32"))
     [path] = cache.glob("blas-*.json")
-    stored = json.loads(path.read_text())["choices"]
+    stored = json.loads(path.read_text())["times"]
     assert {tuple(json.loads(k)) for k in stored} == keys
     calls = []
     monkeypatch.setattr(blas, "measure", lambda *a, **k: calls.append(a) or {})
@@ -104,8 +104,8 @@ def test_auto_measures_once_and_caches_per_machine_kind(cache, monkeypatch):
     real, before = cpu.cpu_generation, blas.cache_key("float32", None)
     monkeypatch.setattr(cpu, "cpu_generation", lambda text=None: {**real(text), "cpu_family": "99"})
     assert blas.cache_key("float32", None) != before
-    monkeypatch.setattr(blas, "measure", lambda keys, dtype, libs: calls.append(keys) or
-                        {k: {libs[0]: 1.0} for k in keys})
+    monkeypatch.setattr(blas, "measure", lambda keys, dtype, libs, **options: calls.append(keys) or
+                        {k: {lib: 1.0 if lib == libs[0] else 2.0 for lib in libs} for k in keys})
     other = cavs.Engine(model)
     assert calls and set(calls[0]) == keys and len(list(cache.glob("blas-*.json"))) == 2
     assert set(other.backend.gemm.choice.values()) == {blas.available("float32")[0]}

@@ -51,9 +51,10 @@ CHOICES = ("auto",) + LIBRARIES + ("numpy",)      # "numpy": np.matmul, NumPy's 
 MAX_ROW_CLASS = 1024           # larger products run at the rate of this class (measured: within 5%)
 ROW_CLASSES = tuple(1 << k for k in range(MAX_ROW_CLASS.bit_length()))     # 1, 2, 4, ..., 1024
 MIN_TIMED_S = 0.002            # a measurement repeats the product until it took this long, 3 times at least
-# products a pass makes with one weight, sharing its packing (the loop's tasks: 10-30 per batch on
-# the paper's trees and sentences; the lower end, so that packing is not undercharged)
-PACK_USES = 12
+# products a pass makes with one weight in the task loop, sharing its packing (10-30 per batch on
+# the paper's trees and sentences; the lower end, so that packing is not undercharged). A product
+# of a whole-batch phase (eager, lazy, the head) is one per pass, and pays its packing alone.
+LOOP_USES = 12
 _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_TRANS = 101, 111, 112
 
 
@@ -353,9 +354,10 @@ def _time(lib, out, a, b, accumulate) -> float:
 def measure(keys, dtype, libraries: list[str], packing: bool = False, threads: int = 1) -> dict[tuple, dict[str, float]]:
     """{key: {library: seconds}} for each product key (layout, rows, inner, outer), on operands laid
     out as the engine's are (a parameter-gradient key accumulates, the others write). With
-    `packing`, a library that packs its weight (oneDNN) is charged the packing too, shared by the
-    PACK_USES products a pass makes with one weight (the engine packs once per pass). With several
-    `threads`, each library runs with its pool at that many threads and the other pool at one."""
+    `packing`, a library that packs its weight (oneDNN) also reports the packing's seconds, as
+    "pack:<library>" (the engine packs a weight once per pass: choose() shares it among the pass's
+    products). With several `threads`, each library runs with its pool at that many threads and
+    the other pool at one."""
     out: dict = {}
     if threads > 1:
         for pool, members in POOLS.items():
@@ -385,7 +387,7 @@ def measure(keys, dtype, libraries: list[str], packing: bool = False, threads: i
                     lib.new_pass()
                 times[name] = _time(lib, c, a, b, layout == "tn")
                 if packing and hasattr(lib, "new_pass"):
-                    times[name] += _time_packing(lib, b) / PACK_USES
+                    times[f"pack:{name}"] = _time_packing(lib, b)
         out[(layout, rows, inner, outer)] = times
     return out
 
@@ -441,11 +443,12 @@ def write_cache(path: Path | None, choices: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def choose(keys, dtype, threads: int | None = None, blas: str | None = None) -> Gemm:
+def choose(keys, dtype, threads: int | None = None, blas: str | None = None, uses: dict | None = None) -> Gemm:
     """The engine's Gemm: `blas` "auto" (default: $CAVS_CPU_BLAS, else auto) chooses per key by
     measurement (the libraries' times are cached); a library's name forces it for every product it
-    can run. With several threads, all products run in one thread pool (POOLS): the one whose
-    libraries are fastest over the model's keys together."""
+    can run. `uses` {(layout, inner, outer): products per pass} shares a library's packing among
+    a pass's products of that shape (default LOOP_USES). With several threads, all products run in
+    one thread pool (POOLS): the one whose libraries are fastest over the model's keys together."""
     blas = blas or os.environ.get("CAVS_CPU_BLAS") or "auto"
     if blas not in CHOICES:
         raise ValueError(f"unknown blas {blas!r}; choose one of {', '.join(CHOICES)}")
@@ -469,7 +472,12 @@ def choose(keys, dtype, threads: int | None = None, blas: str | None = None) -> 
     if missing:
         cached.update(measure(missing, dtype, names, packing=True, threads=threads))
         write_cache(path, cached)
-    times = {k: {lib: t for lib, t in cached[k].items() if lib in names} for k in keys}
+    uses = uses or {}
+
+    def effective(k, lib):      # a product's seconds, with its share of its weight's packing
+        per_pass = uses.get((k[0], k[2], k[3]), LOOP_USES)
+        return cached[k][lib] + cached[k].get(f"pack:{lib}", 0.0) / per_pass
+    times = {k: {lib: effective(k, lib) for lib in cached[k] if lib in names} for k in keys}
     pool = None
     if threads > 1:                  # the pool whose libraries are fastest over these keys together
         def total(p):

@@ -27,9 +27,13 @@ from .backend import get_backend
 from .loss import softmax, softmax_cross_entropy, warm_up as loss_warm_up
 from .lowering import Lowered
 from .memory import Counters, EdgePlan, LossPlan, MessagePlans, PullPlan, Timings
-from .model import EMBEDDING
+from .model import EMBEDDING, HEAD
 from .scheduler import POLICIES
 from .support import SKIP, actions
+
+
+class NonFiniteError(ArithmeticError):
+    """A step whose loss or gradients are not finite: the parameters were left as they were."""
 
 
 class Engine:
@@ -39,9 +43,16 @@ class Engine:
                  optimizer: "optim.Optimizer | None" = None,
                  lazy: bool = True, eager: bool = True, fusion: bool | None = None,
                  streaming: bool | None = None, threads: int | None = None, blas: str | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, frozen=(), on_nonfinite: str = "raise"):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+        if on_nonfinite not in ("raise", "skip"):
+            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        unknown = sorted(set(frozen) - set(model.param_shapes))
+        if unknown:
+            raise ValueError(f"frozen names {unknown}, not parameters of {model.describe()}: "
+                             f"{', '.join(model.param_shapes)}")
+        self.frozen, self.on_nonfinite, self.skipped_steps = frozenset(frozen), on_nonfinite, 0
         self.model, self.policy = model, policy
         # WORKLOADS.md's rule by default: SGD, lr 1.0, gradients clipped to a global norm of 5.0
         self.optimizer = optimizer if optimizer is not None else optim.SGD(lr=1.0, clip_norm=5.0)
@@ -66,7 +77,8 @@ class Engine:
         self._grads = {k: self.xp.zeros_like(v) for k, v in self._params.items() if k != EMBEDDING}
         self.optimizer.bind(self.xp, self._params)
         if self.backend.name == "numpy":     # the fastest library per product shape (blas.py), measured once
-            self.backend.use_gemm(cpu_blas.choose(self._gemm_keys(model), self.dtype, threads, blas))
+            self.backend.use_gemm(cpu_blas.choose(self._gemm_keys(model), self.dtype, threads, blas,
+                                                  self._gemm_uses(model)))
         elif blas not in (None, "auto"):
             raise ValueError(f"blas={blas!r} chooses among CPU libraries; the {self.backend.name} backend "
                              f"multiplies with {self.backend.blas}")
@@ -91,6 +103,7 @@ class Engine:
 
     def loss_and_grads(self, batch):
         """(loss, {parameter name: gradient as a numpy array}) for one batch."""
+        self._needs_head("loss_and_grads")
         loss = self._pass(batch)
         grads = {n: np.array(self.backend.to_numpy(g)) for n, g in self._grads.items()}
         if EMBEDDING in self._params:
@@ -102,25 +115,89 @@ class Engine:
         return loss, grads
 
     def step(self, batch) -> float:
-        """One update with the engine's optimizer; returns the loss before the update."""
+        """One update with the engine's optimizer; returns the loss before the update. A loss or a
+        gradient that is not finite (overflowed logits, a diverged model) updates nothing: it raises
+        NonFiniteError, or with on_nonfinite="skip" the step is skipped (counted in skipped_steps)."""
+        self._needs_head("step")
         loss = self._pass(batch)
         t0 = time.perf_counter()
         rows, row_grads = self._row_grads()
-        self.optimizer.update(self.backend, self._params, self._grads,
-                              EMBEDDING if rows is not None else None, rows, row_grads)
+        if not self._finite(loss, row_grads):
+            self.skipped_steps += 1
+            if self.on_nonfinite == "raise":
+                names = batch.forest.names
+                raise NonFiniteError(f"the batch of {len(names)} graphs ({names[0]}, ...) gives a loss of {loss} or a "
+                                     f"gradient that is not finite; the parameters were not updated (Engine("
+                                     f"on_nonfinite='skip') skips such steps; a smaller learning rate or clipping "
+                                     f"avoids them)")
+            return loss
+        grads = {k: g for k, g in self._grads.items() if k not in self.frozen}
+        sparse = EMBEDDING if rows is not None and EMBEDDING not in self.frozen else None
+        self.optimizer.update(self.backend, self._params, grads, sparse, rows, row_grads)
         self.backend.synchronize()
         self.timings.compute_s += time.perf_counter() - t0
         return loss
 
     def infer(self, batch) -> float:
         """Forward and loss only (dropout inactive)."""
+        self._needs_head("infer")
         return self._pass(batch, train=False)
+
+    def forward(self, batch, inputs=None, train: bool = True):
+        """What every vertex pushed: a (batch.num_vertices, push width) array, rows in the batch's
+        vertex order (batch.graph_slices per graph), on the engine's backend. `inputs`, a
+        (batch.num_vertices, D) array (NumPy, CuPy or a torch tensor), replaces the embedding or
+        the features for this call: every vertex pulls its row. With `train`, dropout is active.
+        The built-in head is not applied: this is the boundary to a head and loss of your own."""
+        t0 = time.perf_counter()
+        self._prepare(batch, mode="boundary", train=train, inputs=inputs)
+        self.counters.reset()
+        self._forward(want_grad=False, predict=True)
+        low, n = self._low, self._sched.num_rows
+        out = self.xp.empty((n, low.pushed.shape[0]), dtype=self.dtype)
+        out[self.backend.index(self._sched.order)] = low.arrays[low.slot[low.pushed]][:n]
+        self.backend.synchronize()
+        self.timings.compute_s += time.perf_counter() - t0
+        self._forwarded = batch
+        return out
+
+    def backward(self, d_out) -> dict:
+        """The gradients of the last forward's outputs: `d_out` (batch.num_vertices, push width),
+        rows as forward's. Returns {parameter name: gradient} on the engine's backend (the head's
+        parameters, if any, are not in it), plus "inputs" (rows as forward's) when forward was
+        given inputs; an embedding's gradient is dense."""
+        if getattr(self, "_forwarded", None) is None:
+            raise RuntimeError("engine.backward needs a forward first (engine.forward(batch, ...))")
+        t0 = time.perf_counter()
+        low, A, n = self._low, self._low.arrays, self._sched.num_rows
+        d_out = self._rows_in(d_out, low.pushed.shape[0], "d_out")
+        for g in self._grads.values():
+            g.fill(0)
+        A[low.slot[low.dpush]][:n] = d_out[self.backend.index(self._sched.order)]
+        self._backward()
+        grads = {k: g for k, g in self._grads.items() if k not in HEAD}
+        if self._inputs is not None:
+            d_in = self.xp.zeros((n, self._pull_width), dtype=self.dtype)
+            if low.dpull is not None:
+                d_in[self.backend.index(self._sched.order)] = A[low.slot[low.dpull]][:n]
+            grads["inputs"] = d_in
+        elif EMBEDDING in self._params:
+            emb = self.xp.zeros_like(self._params[EMBEDDING])
+            rows, g = self._row_grads()
+            if rows is not None:
+                emb[rows] = g
+            grads[EMBEDDING] = emb
+        self.backend.synchronize()
+        self.timings.compute_s += time.perf_counter() - t0
+        self._forwarded = None
+        return grads
 
     def predict(self, batch) -> list:
         """Per graph of the batch, a (num_vertices, classes) array of softmax probabilities of
         the head on what each vertex pushed, rows in the graph's own vertex order (dropout
         inactive)."""
-        self._prepare(batch, predict=True)
+        self._needs_head("predict")
+        self._prepare(batch, mode="predict")
         self.counters.reset()
         t0 = time.perf_counter()
         self._forward(want_grad=False, predict=True)
@@ -187,9 +264,31 @@ class Engine:
                 shapes.add(("nt", m, k))
             elif n.op == "param_grad":
                 shapes.add(("tn", *n.attrs["shape"]))
-        h, c = model.param_shapes["Wout"]
-        shapes |= {("nn", h, c), ("nt", c, h), ("tn", h, c)}
+        if model.has_head:
+            h, c = model.param_shapes["Wout"]
+            shapes |= {("nn", h, c), ("nt", c, h), ("tn", h, c)}
         return [(layout, rows, inner, outer) for layout, inner, outer in shapes for rows in cpu_blas.ROW_CLASSES]
+
+    def _gemm_uses(self, model) -> dict:
+        """{(layout, inner, outer): products per pass}: one for a product outside the task loop (an
+        eager or lazy phase, the head), blas.LOOP_USES (the default) for the loop's."""
+        from .analysis import phases
+        fwd = phases(model.F.nodes, {n for n in model.F.nodes if n.op in ("gather", "child_state")}, {model.F.scatter})
+        dstate = next(n for n in model.dF.nodes if n.op == "gather_grad_state")
+        bwd = phases(model.dF.nodes, {dstate}, {n for n in model.dF.nodes
+                                                if n.op in ("scatter_grad_child", "child_state_grad")})
+        where = {**fwd, **bwd}
+        out = {}
+        for n in model.F.nodes + model.dF.nodes:
+            if n.op in ("matmul", "matmul_t") and where.get(n) != "loop":
+                k, m = n.inputs[1].shape
+                out[("nn", k, m) if n.op == "matmul" else ("nt", m, k)] = 1
+            elif n.op == "param_grad":
+                out[("tn", *n.attrs["shape"])] = 1
+        if model.has_head:
+            h, c = model.param_shapes["Wout"]
+            out.update({("nn", h, c): 1, ("nt", c, h): 1, ("tn", h, c): 1})
+        return out
 
     # ------------------------------------------------------------ one pass
 
@@ -207,25 +306,35 @@ class Engine:
         self.timings.compute_s += time.perf_counter() - t0
         return loss
 
-    def _prepare(self, batch, predict: bool = False, train: bool = False):
+    def _prepare(self, batch, mode: str = "train", train: bool = False, inputs=None):
         """This batch's schedule and plans (cached on the batch), its buffers bound, the sources
-        filled. `predict` computes the pushed output at every vertex, not only where a label is."""
+        filled. `mode` "train": the loss reads the labelled vertices; "predict": every vertex's
+        output is read; "boundary" (forward/backward): every vertex's output is read and may get
+        a gradient. `inputs` replace the pull table for this pass."""
         t0 = time.perf_counter()
+        self._check_batch(batch)
         self.backend.new_pass()             # parameters may have changed: packed weights are stale
-        be, key = self.backend.name, (self.policy, id(self.model), predict)
+        if self.backend.name == "numpy":
+            self.backend.flush_denormals()   # this thread may not be the one that built the engine
+        self._inputs = None if inputs is None else self._rows_in(inputs, None, "inputs", batch)
+        pull_all = self._inputs is not None
+        be, key = self.backend.name, (self.policy, id(self.model), mode, pull_all)
         self._sched = sched = batch.schedule(self.policy)
         low = self._low
-        act = batch.cached(("actions", *key), lambda: actions(self.model.F, self.model.dF, sched, predict))
+        act = batch.cached(("actions", *key), lambda: actions(self.model.F, self.model.dF, sched, mode, pull_all))
         low.batch = planning.BatchPlans(
             sched, batch.cached(("plans", self.policy, be), lambda: MessagePlans(sched, self.backend))
             if self.model.F.uses_slots else None,
             batch.cached(("edges", self.policy, be), lambda: EdgePlan(sched, self.backend))
             if low.uses_edges else None, act)
-        self._loss_plan = batch.cached(("loss", self.policy, be), lambda: LossPlan(sched, self.backend))
+        if self.model.has_head:
+            self._loss_plan = batch.cached(("loss", self.policy, be), lambda: LossPlan(sched, self.backend))
         pull_read = np.logical_or.reduce([act[p] != SKIP for p in low.pulls]) \
             if low.pulls else np.zeros(sched.num_tasks, dtype=bool)
-        self._pull_plan = batch.cached(("pull", be, *key), lambda: PullPlan(sched, self.backend, pull_read))
-        if self.model.uses_features:     # the batch's features are its pull table
+        self._pull_plan = batch.cached(("pull", be, *key), lambda: PullPlan(sched, self.backend, pull_read, pull_all))
+        if pull_all:                     # every vertex pulls its row of the caller's inputs
+            self._pull_table = self._inputs
+        elif self.model.uses_features:   # the batch's features are its pull table
             self._pull_table = batch.cached(("features", be), lambda: self.backend.asarray(
                 batch.forest.features, dtype=self.dtype))
         elif low.pulls:
@@ -235,6 +344,60 @@ class Engine:
         self.timings.construct_s += time.perf_counter() - t0
         low.buffers.bind(sched.num_rows, sched.num_edges, self._params)
         self._fill_sources(degree, train)
+
+    def _check_batch(self, batch) -> None:
+        """A batch made by another model (another vertex function, sizes, head) is refused."""
+        made_by = getattr(batch, "model", None)
+        if made_by is not None and made_by is not self.model and made_by.signature != self.model.signature:
+            raise ValueError(f"this batch was made by model {made_by.describe()}, but this engine runs model "
+                             f"{self.model.describe()}: make the batch with the engine's model "
+                             f"(engine.model.make_batch)")
+
+    def _rows_in(self, values, width, what: str, batch=None):
+        """A (num_vertices, width) array from the caller (NumPy, CuPy or torch), on the backend in
+        the engine's dtype, checked: its shape, and every value finite (naming the graph and
+        vertex of the first that is not)."""
+        if hasattr(values, "detach"):          # a torch tensor: its memory, without a copy on the CPU
+            values = values.detach()
+            values = values.numpy() if self.backend.name == "numpy" and values.device.type == "cpu" \
+                else self.xp.from_dlpack(values)
+        values = self.backend.asarray(values, dtype=self.dtype) if self.backend.name != "numpy" \
+            else np.asarray(values, dtype=self.dtype)
+        forest = (batch or self._forwarded).forest
+        n = forest.num_vertices
+        if values.ndim != 2 or values.shape[0] != n or (width is not None and values.shape[1] != width):
+            want = f"({n}, {width if width is not None else 'D'})"
+            raise ValueError(f"{what} must be a {want} array, one row per vertex of the batch, got shape "
+                             f"{tuple(values.shape)}")
+        if width is None and values.shape[1] != self._pull_width:
+            pulls = f"pulls {self._pull_width} values per vertex" if self._pull_width else "pulls nothing"
+            raise ValueError(f"{what} has {values.shape[1]} columns, but the vertex function {pulls}")
+        finite = self.xp.isfinite(values).all(axis=1)
+        if not bool(finite.all()):
+            v = int(self.backend.to_numpy(self.xp.flatnonzero(~finite))[0])
+            i = int(np.searchsorted(forest.offsets, v, side="right")) - 1
+            raise ValueError(f"{what}: {forest.names[i]}: vertex {v - int(forest.offsets[i])} (row {v}) has a "
+                             "non-finite value")
+        return values
+
+    @property
+    def _pull_width(self):
+        return self.model.F.input_width
+
+    def _needs_head(self, what: str) -> None:
+        if not self.model.has_head:
+            raise ValueError(f"engine.{what} applies the built-in softmax head, and {self.model.describe()} has "
+                             "none (classes=None): use engine.forward / engine.backward (or cavs.torch) with a "
+                             "head of your own")
+
+    def _finite(self, loss, row_grads) -> bool:
+        xp = self.xp
+        if not np.isfinite(loss):
+            return False
+        total = sum(float(xp.vdot(g.ravel(), g.ravel())) for g in self._grads.values())
+        if row_grads is not None:
+            total += float(xp.vdot(row_grads.ravel(), row_grads.ravel()))
+        return bool(np.isfinite(total))
 
     def _fill_sources(self, degree, train: bool):
         """num_children: each vertex's degree; dropout masks: drawn anew for a training pass,

@@ -268,6 +268,12 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
                 got = "none" if f is None else f"shape {f.shape}"
                 raise InputError(f"{g.name}: the model reads {features} features per vertex; "
                                  f"the graph has {got}, expected ({g.num_vertices}, {features})")
+            finite = np.isfinite(f).all(axis=1)
+            if not finite.all():
+                v = int(np.flatnonzero(~finite)[0])
+                bad = f[v][~np.isfinite(f[v])][0]
+                raise InputError(f"{g.name}: vertex {v} has a non-finite feature ({bad}); one step on it would "
+                                 "turn every parameter into NaN")
     sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     parts = [_edges_of(g, arity) for g in graphs]

@@ -60,13 +60,15 @@ def kernel(z, b, labels, scale, want_grad, db, bits, two_n):
         m = row[0] + b[0]
         for j in range(c):
             m = max(m, row[j] + b[j])
+        if not math.isfinite(m):     # overflowed logits: no loss to report (the engine refuses the step)
+            return math.nan
         y = labels[r]
         picked = row[y] + b[y] - m
         s = F(0.0)
         for j in range(c):
             t = max(row[j] + b[j] - m, F({floor}))
 {exp}
-        total += math.log(s) - picked
+        total += max(math.log(s) - picked, 0.0)      # a cross-entropy, never below 0 by rounding
         if want_grad:
             k = F(scale) / s
             for j in range(c):
@@ -156,7 +158,7 @@ def _blocked(be, h, w, b, labels, want_grad: bool, scale: float, dh_out=None, dw
     xp.maximum(z, FLOOR, out=z)
     xp.exp(z, out=z)
     total = z.sum(axis=1)
-    loss = float((xp.log(total) - picked).sum()) * scale
+    loss = float(xp.maximum(xp.log(total) - picked, 0).sum()) * scale     # NaN (overflow) stays NaN
     if not want_grad:
         return loss, None, None, None
     z /= total[:, None]                # softmax probabilities

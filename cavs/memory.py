@@ -198,16 +198,17 @@ def _unique(idx: np.ndarray) -> bool:
 
 class PullPlan:
     """Rows that carry an external input and their token ids (the embedding gradient adds
-    each row into its token's row)."""
+    each row into its token's row). `pull_all`: every row pulls, its "token" its vertex id (a
+    caller's inputs, one row per vertex)."""
 
-    def __init__(self, sched: Schedule, backend, read_tasks: np.ndarray):
-        has = sched.tokens >= 0
+    def __init__(self, sched: Schedule, backend, read_tasks: np.ndarray, pull_all: bool = False):
+        has = np.ones(sched.num_rows, dtype=bool) if pull_all else sched.tokens >= 0
         rows = np.flatnonzero(has)
         self.num_rows = len(rows)
         # rows are in task order, so on trees the leaves (with words) are a prefix: one take
         self.prefix = len(rows) if (rows == np.arange(len(rows))).all() else None
         self.rows = backend.index(rows)
-        tokens = sched.tokens[rows]
+        tokens = sched.order[rows] if pull_all else sched.tokens[rows]
         self.tokens = backend.index(tokens)
         # the embedding's sparse gradient: one summed row per distinct token (optim.py)
         unique, slot = np.unique(tokens, return_inverse=True)

@@ -21,6 +21,7 @@ from .scheduler import schedule
 from .vertex import TraceError, trace
 
 REDUCTIONS = ("mean", "sum")
+DTYPES = ("float32", "float64")
 HEAD = ("Wout", "bout")       # the softmax head on what push sends (outside F)
 EMBEDDING = "emb"             # the table pull() reads (outside F)
 
@@ -42,12 +43,32 @@ def initial_values(specs: dict, seed: int, dtype) -> dict[str, np.ndarray]:
 
 
 class Batch:
-    """The input graphs of one batch (a Forest) and what the engine derives from them once."""
+    """The input graphs of one batch (a Forest) and what the engine derives from them once. Rows of
+    the batch's arrays (engine.forward's inputs and outputs) are its vertices in order: graph 0's
+    vertices in their own order, then graph 1's, and so on."""
 
-    def __init__(self, forest, graphs=None):
+    def __init__(self, forest, graphs=None, model=None):
         self.forest = forest
         self.graphs = graphs
+        self.model = model
         self._cache = {}
+
+    @property
+    def num_vertices(self) -> int:
+        return self.forest.num_vertices
+
+    @property
+    def graph_slices(self) -> list[slice]:
+        """Per graph, in the order given, the slice of its rows."""
+        o = self.forest.offsets.tolist()
+        return [slice(a, b) for a, b in zip(o[:-1], o[1:])]
+
+    @property
+    def roots(self) -> np.ndarray:
+        """The rows of every graph's sinks (vertices that are nobody's child), graph by graph."""
+        is_child = np.zeros(self.num_vertices, dtype=bool)
+        is_child[self.forest.edge_child] = True
+        return np.flatnonzero(~is_child)
 
     def cached(self, key, make):
         if key not in self._cache:
@@ -78,8 +99,15 @@ class Model:
 
     def __init__(self, cell, params: dict | None = None, *, arity: int | None = None, state: int,
                  embedding: tuple[int, int] | None = None, inputs: int | None = None,
-                 classes: int, reduction: str = "mean", seed: int = 0, dtype="float32",
+                 classes: int | None, reduction: str = "mean", seed: int = 0, dtype="float32",
                  reader=None, name: str | None = None):
+        if np.dtype(dtype).name not in DTYPES:
+            raise ValueError(f"dtype {np.dtype(dtype).name} is not supported end to end (the fused kernels, the "
+                             f"loss and the products run in {' or '.join(DTYPES)}); use float32")
+        if classes is not None and (not isinstance(classes, (int, np.integer)) or isinstance(classes, bool)
+                                    or classes < 2):
+            raise ValueError(f"classes must be an integer >= 2 for the softmax head, or None for no head "
+                             f"(a pure encoder: engine.forward / engine.backward, cavs.torch), got {classes!r}")
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
         if embedding is not None and inputs is not None:
@@ -93,7 +121,8 @@ class Model:
             if reserved in params:
                 raise ValueError(f"parameter name {reserved!r} is reserved for the model's "
                                  f"{'embedding' if reserved == EMBEDDING else 'softmax head'}")
-        self.cell, self.state, self.classes = cell, int(state), int(classes)
+        self.cell, self.state = cell, int(state)
+        self.classes = None if classes is None else int(classes)
         self.arity = None if arity is None else int(arity)
         self.reduction, self.seed, self.reader = reduction, seed, reader
         self.dtype = np.dtype(dtype).name
@@ -104,14 +133,31 @@ class Model:
         shapes = {k: _shape_of(k, v) for k, v in params.items()}
         self.F = trace(cell, self.arity, self.state, input_width, shapes)
         if self.F.push is None:
-            raise TraceError(f"{self.name}: push was never called; the softmax head (classes={classes}) "
-                             "reads what the vertex function pushes")
+            raise TraceError(f"{self.name}: push was never called; the softmax head and engine.forward read "
+                             "what the vertex function pushes")
         self.dF = derive(self.F)
-        pushed = self.F.push.inputs[0].shape[0]
+        self.push_width = self.F.push.inputs[0].shape[0]
+        head = {"Wout": (self.push_width, self.classes), "bout": (self.classes,)} if self.has_head else {}
         self._specs = {**({EMBEDDING: (self.vocab, self.embed)} if embedding is not None else {}),
                        **{k: (tuple(v) if isinstance(v, (tuple, list)) else v) for k, v in params.items()},
-                       "Wout": (pushed, self.classes), "bout": (self.classes,)}
+                       **head}
         self.param_shapes = {k: _shape_of(k, v) for k, v in self._specs.items()}
+
+    @property
+    def has_head(self) -> bool:
+        """Whether the model has the built-in softmax head (classes given), or is a pure encoder."""
+        return self.classes is not None
+
+    @property
+    def signature(self) -> tuple:
+        """What a batch depends on: a batch made by a model of another signature is refused."""
+        return (self.name, self.arity, self.state, self.vocab, self.embed, self.inputs, self.classes,
+                tuple(sorted(self.param_shapes.items())))
+
+    def describe(self) -> str:
+        inputs = f"embedding {self.vocab} x {self.embed}" if self.vocab else f"{self.inputs} features"
+        head = f"{self.classes} classes" if self.has_head else "no head"
+        return f"{self.name!r} (state {self.state}, {inputs}, {head}, arity {self.arity})"
 
     @property
     def uses_features(self) -> bool:
@@ -135,7 +181,7 @@ class Model:
         # positional gathers need every degree within the arity; edges take whatever the graphs have
         forest = make_forest(graphs, self.arity if self.F.uses_slots else None, features=self.inputs)
         self._check(forest)
-        return Batch(forest, graphs)
+        return Batch(forest, graphs, self)
 
     def _check(self, forest) -> None:
         """Tokens and labels in range for this model, over the whole batch at once."""
@@ -145,8 +191,11 @@ class Model:
             local = v - int(forest.offsets[i])
             raise InputError(f"{forest.names[i]}: vertex {local} {what(v)}")
         labels = forest.labels
-        bad = (labels < -1) | (labels >= self.classes)
+        bad = (labels < -1) | (labels >= (self.classes if self.has_head else 0))
         if bad.any():
+            if not self.has_head:
+                first_bad(bad, lambda v: f"has label {int(labels[v])}, but the model has no head (classes=None): "
+                                         "give the loss to engine.forward's outputs (or labels -1)")
             first_bad(bad, lambda v: f"has label {int(labels[v])}, outside 0..{self.classes - 1} "
                                      f"(or -1 for no loss)")
         tokens = forest.tokens

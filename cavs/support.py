@@ -29,13 +29,14 @@ def _any_per_task(rows_mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return np.add.reduceat(rows_mask.astype(np.int64), bounds[:-1]) > 0
 
 
-def actions(F, dF, sched, predict: bool = False) -> dict:
+def actions(F, dF, sched, mode: str = "train", pull_all: bool = False) -> dict:
     """{node: int8 array over tasks of SKIP / ZERO / COMPUTE / PASS + k} for every node that
-    does work.
-    With `predict`, push is read at every vertex (predictions), not only where a label is."""
+    does work. `mode` "train": push is read where a label is (the built-in head's loss);
+    "predict": at every vertex; "boundary" (engine.forward / backward): at every vertex, and
+    every vertex's output may get a gradient. `pull_all`: every vertex pulls (caller's inputs)."""
     T = sched.num_tasks
     every = np.ones(T, dtype=bool)
-    has_pull = _any_per_task(sched.tokens >= 0, sched.bounds)
+    has_pull = every if pull_all else _any_per_task(sched.tokens >= 0, sched.bounds)
     has_label = _any_per_task(sched.labels >= 0, sched.bounds)
     has_child = _PerSlot(sched)
     has_edges = np.diff(sched.edge_bounds) > 0
@@ -54,7 +55,7 @@ def actions(F, dF, sched, predict: bool = False) -> dict:
         elif n.op in ("child_state", "num_children", "edge_softmax"):
             s = has_edges                        # a task without children has no edges
         elif n.op == "pull_grad_output":
-            s = has_label
+            s = every if mode == "boundary" else has_label
         elif n.op in ("gather_grad_state", "dropout_mask"):
             s = every
         elif rule == "full" or (rule == "union" and any(i.is_param for i in n.inputs)):
@@ -80,7 +81,7 @@ def actions(F, dF, sched, predict: bool = False) -> dict:
         if n.op == "scatter":
             reads = every
         elif n.op == "push":
-            reads = every if predict else has_label
+            reads = has_label if mode == "train" else every
         elif n.op == "push_grad_input":
             reads = has_pull
         elif n.op in ("scatter_grad_child", "child_state_grad"):

@@ -356,16 +356,19 @@ def measure(keys, dtype, libraries: list[str], packing: bool = False, threads: i
     out as the engine's are (a parameter-gradient key accumulates, the others write). With
     `packing`, a library that packs its weight (oneDNN) also reports the packing's seconds, as
     "pack:<library>" (the engine packs a weight once per pass: choose() shares it among the pass's
-    products). With several `threads`, each library runs with its pool at that many threads and
-    the other pool at one."""
+    products). With several `threads`, the libraries are timed under each pool's setting
+    (set_pool_threads): the pool's own at `threads` ("openblas@2"), the others at one ("mkl@1"),
+    each (library, threads) once."""
     out: dict = {}
     if threads > 1:
-        for pool, members in POOLS.items():
-            mine = [lib for lib in libraries if lib in members]
-            if mine:
-                set_pool_threads(pool, threads)
-                for key, times in measure(keys, dtype, mine, packing).items():
-                    out.setdefault(key, {}).update(times)
+        for pool in POOLS:
+            set_pool_threads(pool, threads)
+            for key, times in measure(keys, dtype, libraries, packing).items():
+                mine = out.setdefault(key, {})
+                for name, t in times.items():
+                    lib = name.removeprefix("pack:")
+                    tag = f"{lib}@{threads if lib in POOLS[pool] else 1}"
+                    mine.setdefault(("pack:" if name.startswith("pack:") else "") + tag, t)
         return out
     rng = np.random.default_rng(0)
     libs = {name: make(name) for name in libraries}
@@ -467,24 +470,33 @@ def choose(keys, dtype, threads: int | None = None, blas: str | None = None, use
     path = cache_path(dtype, threads)
     cached = read_cache(path)
     keys = sorted(set(keys))
-    runs = {layout: {lib for lib in names if libraries[lib].supports(dtype, layout)} for layout in ("nn", "nt", "tn")}
+    runs = {layout: {f"{lib}@{t}" for lib in names if libraries[lib].supports(dtype, layout)
+                     for t in ({1, threads} if threads > 1 else {1})} for layout in ("nn", "nt", "tn")}
     missing = [k for k in keys if not isinstance(cached.get(k), dict) or not runs[k[0]] <= set(cached[k])]
     if missing:
-        cached.update(measure(missing, dtype, names, packing=True, threads=threads))
+        measured = measure(missing, dtype, names, packing=True, threads=threads)
+        if threads == 1:         # one setting: tag every library with its single thread
+            measured = {k: {(("pack:" + n[5:]) if n.startswith("pack:") else n) + "@1": t for n, t in ts.items()}
+                        for k, ts in measured.items()}
+        cached.update(measured)
         write_cache(path, cached)
     uses = uses or {}
 
-    def effective(k, lib):      # a product's seconds, with its share of its weight's packing
+    def effective(k, tag):      # a product's seconds, with its share of its weight's packing
         per_pass = uses.get((k[0], k[2], k[3]), LOOP_USES)
-        return cached[k][lib] + cached[k].get(f"pack:{lib}", 0.0) / per_pass
-    times = {k: {lib: effective(k, lib) for lib in cached[k] if lib in names} for k in keys}
+        return cached[k][tag] + cached[k].get(f"pack:{tag}", 0.0) / per_pass
+
+    def tags(pool):             # (library, its threads) under a pool's setting
+        return {f"{lib}@{threads if pool is None or lib in POOLS[pool] else 1}": lib for lib in names}
     pool = None
-    if threads > 1:                  # the pool whose libraries are fastest over these keys together
+    if threads > 1:             # the pool whose setting gives the model's keys the least time together
         def total(p):
-            return sum(min((t for lib, t in ts.items() if lib in POOLS[p]), default=float("inf"))
-                       for ts in times.values())
-        pool = min((p for p in POOLS if any(lib in names for lib in POOLS[p])), key=total)
-        times = {k: {lib: t for lib, t in ts.items() if lib in POOLS[pool]} for k, ts in times.items()}
-        default = POOLS[pool][0] if POOLS[pool][0] in names else default
-    choice = {k: min(ts, key=ts.get) if ts else default for k, ts in times.items()}
+            return sum(min((effective(k, t) for t in tags(p) if t in cached[k]), default=float("inf"))
+                       for k in keys)
+        pool = min(POOLS, key=total)
+    candidates = tags(pool)
+    choice = {}
+    for k in keys:
+        ts = {t: effective(k, t) for t in candidates if t in cached[k]}
+        choice[k] = candidates[min(ts, key=ts.get)] if ts else default
     return Gemm(libraries, choice, default, pool=pool, threads=threads)

@@ -77,7 +77,11 @@ class Engine:
         self._grads = {k: self.xp.zeros_like(v) for k, v in self._params.items() if k != EMBEDDING}
         self.optimizer.bind(self.xp, self._params)
         if self.backend.name == "numpy":     # the fastest library per product shape (blas.py), measured once
-            self.backend.use_gemm(cpu_blas.choose(self._gemm_keys(model), self.dtype, threads, blas,
+            # streaming: two threads each multiply (the loop; the eager and lazy phases), one thread apiece
+            per_stream = 1 if self.options["streaming"] else threads
+            if per_stream == 1 and threads and threads > 1:
+                cpu_blas.set_pool_threads(None, 1)
+            self.backend.use_gemm(cpu_blas.choose(self._gemm_keys(model), self.dtype, per_stream, blas,
                                                   self._gemm_uses(model)))
         elif blas not in (None, "auto"):
             raise ValueError(f"blas={blas!r} chooses among CPU libraries; the {self.backend.name} backend "

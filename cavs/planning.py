@@ -108,16 +108,24 @@ def _per_task_ranges(low, item, act, bounds) -> list:
 
 
 def run(the_plan: dict, sched, backend, streaming: bool, reverse: bool = False) -> None:
+    """The eager phase, the loop (in reverse for backward), the lazy phase. Streaming: the eager
+    steps run on a second stream ahead of the loop (the loop waits for the chunk of tasks it
+    reaches), and, where the backend can (`trail`: the CPU's worker thread), the lazy steps run
+    there behind it, each chunk of tasks as soon as the loop has finished it."""
     tasks, edge_tasks = sched.tasks(), sched.edge_tasks()
     order = list(range(len(tasks) - 1, -1, -1) if reverse else range(len(tasks)))
-    wait = _stream_eager(the_plan["eager"], tasks, edge_tasks, order, backend) if streaming else None
+    wait = backend.stream(_chunks(the_plan["eager"], tasks, edge_tasks, order)) \
+        if streaming and the_plan["eager"] else None
+    trail = backend.trail(_chunks(the_plan["lazy"], tasks, edge_tasks, order)) \
+        if streaming and the_plan["lazy"] and hasattr(backend, "trail") else None
     if wait is None:
         for step, a, b, _ in the_plan["eager"]:
             step(a, b, -1)
     loop = the_plan["loop"]
     for k, t in enumerate(order):
+        chunk = k * STREAM_CHUNKS // len(order)
         if wait is not None:
-            wait(k * STREAM_CHUNKS // len(order))
+            wait(chunk)
         a, b = tasks[t]
         ea, eb = edge_tasks[t]
         for step, edge in loop[t]:
@@ -125,15 +133,18 @@ def run(the_plan: dict, sched, backend, streaming: bool, reverse: bool = False) 
                 step(ea, eb, t)
             else:
                 step(a, b, t)
+        if trail is not None and (k + 1 == len(order) or (k + 1) * STREAM_CHUNKS // len(order) != chunk):
+            trail.ready(chunk)                 # this chunk's rows are final: its lazy steps may run
+    if trail is not None:
+        trail.finish()
+        return
     for step, a, b, _ in the_plan["lazy"]:
         step(a, b, -1)
 
 
-def _stream_eager(eager, tasks, edge_tasks, order, backend):
-    """Streaming: the eager steps run on a second stream in STREAM_CHUNKS chunks of tasks, in
-    loop order; the loop waits only for the chunk holding its next task."""
-    if not eager:
-        return None
+def _chunks(steps, tasks, edge_tasks, order) -> list[list]:
+    """`steps` (step, a, b, on edges) cut into STREAM_CHUNKS chunks of tasks in loop order: per
+    chunk, each step on the part of its rows that lies in the chunk's tasks."""
     chunks = []
     for c in range(STREAM_CHUNKS):
         mine = [t for k, t in enumerate(order) if k * STREAM_CHUNKS // len(order) == c]
@@ -143,9 +154,9 @@ def _stream_eager(eager, tasks, edge_tasks, order, backend):
         span = {False: (tasks[min(mine)][0], tasks[max(mine)][1]),
                 True: (edge_tasks[min(mine)][0], edge_tasks[max(mine)][1])}
         chunk = []
-        for step, a, b, edge in eager:
+        for step, a, b, edge in steps:
             lo, hi = span[edge]
             if max(a, lo) < min(b, hi):
                 chunk.append(functools.partial(step, max(a, lo), min(b, hi), -1))
         chunks.append(chunk)
-    return backend.stream(chunks)
+    return chunks

@@ -140,3 +140,36 @@ class NumpyBackend:
             if failure:
                 raise failure[0]
         return wait
+
+    def trail(self, chunks):
+        """Runs `chunks` on a worker thread, chunk k once the caller said ready(k) (the loop has
+        finished its tasks); finish() waits for all of them (re-raising the worker's error)."""
+        ready, failure = [0], []
+        cond = threading.Condition()
+
+        def work():
+            self.flush_denormals()
+            try:
+                for k, fns in enumerate(chunks):
+                    with cond:
+                        cond.wait_for(lambda: ready[0] > k)
+                    for fn in fns:
+                        fn()
+            except BaseException as e:
+                failure.append(e)
+
+        worker = threading.Thread(target=work, daemon=True, name="cavs-lazy-stream")
+        worker.start()
+
+        class Trail:
+            def ready(self, k):
+                with cond:
+                    ready[0] = max(ready[0], k + 1)
+                    cond.notify_all()
+
+            def finish(self):
+                self.ready(len(chunks) - 1)
+                worker.join()
+                if failure:
+                    raise failure[0]
+        return Trail()

@@ -104,8 +104,11 @@ def test_auto_measures_once_and_caches_per_machine_kind(cache, monkeypatch):
     real, before = cpu.cpu_generation, blas.cache_key("float32", None)
     monkeypatch.setattr(cpu, "cpu_generation", lambda text=None: {**real(text), "cpu_family": "99"})
     assert blas.cache_key("float32", None) != before
-    monkeypatch.setattr(blas, "measure", lambda keys, dtype, libs, **options: calls.append(keys) or
-                        {k: {lib: 1.0 if lib == libs[0] else 2.0 for lib in libs} for k in keys})
+    def fake_measure(keys, dtype, libs, threads=1, **options):      # libs[0] fastest at every setting
+        calls.append(keys)
+        return {k: {f"{lib}@{t}" if threads > 1 else lib: 1.0 if lib == libs[0] else 2.0
+                    for lib in libs for t in {1, threads}} for k in keys}
+    monkeypatch.setattr(blas, "measure", fake_measure)
     other = cavs.Engine(model)
     assert calls and set(calls[0]) == keys and len(list(cache.glob("blas-*.json"))) == 2
     assert set(other.backend.gemm.choice.values()) == {blas.available("float32")[0]}

@@ -5,7 +5,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PROFILE     ?=
 SYSTEMS     ?=
-# RESULTS empty: results/ on the reference kind of machine (or an empty results/), else results/<kind>/
+# RESULTS empty: results/<this machine's kind>/ (experiments/machine.py)
 RESULTS     ?=
 # EXECUTOR=ray runs each cell as a Ray task (pip extra `cluster`); RAY_ADDRESS=auto|ray://host:10001
 # FTZ=0: flush-to-zero and denormals-are-zero off in every system's cells (default on, for all)
@@ -38,12 +38,12 @@ fig8 fig9 table1 table2 ablation: $(STAMP)
 all: fig8 fig9 table1 table2 ablation
 
 # SST sentiment trained to accuracy on Cavs, DyNet and PyTorch: results/sst.csv, figures/sst.*
-# (like the sweeps: results/ on the reference kind of machine, else results/<kind>/, or RESULTS=)
+# (like the sweeps: results/<this machine's kind>/, or RESULTS=)
 RESULTS_DIR  = $$($(PY) -m experiments results-dir $(if $(RESULTS),--results $(RESULTS)))
 
 sst: $(STAMP)
 	@dir=$(RESULTS_DIR) && echo "results in $$dir" && \
-	$(PY) -m experiments.studies sst $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) --results $$dir && \
+	CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies sst $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) --results $$dir && \
 	$(PY) -m plots.sst --results $$dir
 
 # the engine's speed against DyNet, TensorFlow, PyTorch by level and the GEMM floor

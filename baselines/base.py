@@ -11,7 +11,7 @@ The sweep runner only ever calls this interface, so it never special-cases a sys
 
 Every system builds its initial weights with `cavs.workloads.init_params(workload, hidden, seed,
 dtype, leaves)` and its graphs with `cavs.workloads.to_graph`, so all start identical.
-Training rule (WORKLOADS.md, revised): SGD on the mean of the batch's loss terms (summed softmax
+Training rule (docs/workloads.md, revised): SGD on the mean of the batch's loss terms (summed softmax
 cross-entropy / labelled vertices or predicted tokens), gradients of all parameters together clipped
 to a global L2 norm of workloads.CLIP_NORM (5.0), then p -= workloads.LEARNING_RATE (1.0) * g.
 step() returns that mean loss.
@@ -59,7 +59,7 @@ def root_of(g) -> int:
 
 class System:
     """Base class: subclasses set `name`, `device`, and implement the four methods below.
-    `embed`: the embedding width (None: the workload's); `optimizer`: None for WORKLOADS.md's SGD,
+    `embed`: the embedding width (None: the workload's); `optimizer`: None for docs/workloads.md's SGD,
     or an Adagrad (systems with `takes_adagrad`)."""
     name = "system"
     # the library its matrix products run in (each row of a sweep records it)

@@ -30,7 +30,7 @@ class CavsSystem(System):
                                        leaves=self.leaves, embed=self.embed)
         backend = backend or ("cupy" if self.device == "cuda" else "numpy")
         options = dict(lazy=lazy, eager=eager, fusion=fusion, streaming=streaming)   # None: engine default
-        if self.optimizer is None:      # WORKLOADS.md's rule, from the same constants the other systems read
+        if self.optimizer is None:      # docs/workloads.md's rule, from the same constants the other systems read
             rule = optim.SGD(lr=workloads.LEARNING_RATE, clip_norm=workloads.CLIP_NORM)
         else:
             rule = optim.Adagrad(lr=self.optimizer.lr, weight_decay=self.optimizer.weight_decay,

@@ -2,7 +2,7 @@
 
 The paper's "Cavs vs cuDNN" point of reference for the chain workloads. The whole batch runs as
 one LSTM call (Var-LSTM through pack_padded_sequence, so padding costs nothing and gets no
-gradient); embedding, output layer and the batch's mean cross-entropy are as in WORKLOADS.md.
+gradient); embedding, output layer and the batch's mean cross-entropy are as in docs/workloads.md.
 
 Our cell has gates i, f, o, u in x Wx + h Wh + b; nn.LSTM has i, f, g(=u), o in
 x W_ih^T + b_ih + h W_hh^T + b_hh. So W_ih = Wx^T and W_hh = Wh^T with gate blocks reordered,

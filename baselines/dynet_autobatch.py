@@ -111,7 +111,7 @@ class DynetSystem(System):
         rule = self.optimizer
         if rule is None:
             self.trainer = dy.SimpleSGDTrainer(self.model, learning_rate=workloads.LEARNING_RATE)
-            # WORKLOADS.md's clipping: DyNet's Trainer::clip_gradients scales every gradient by
+            # docs/workloads.md's clipping: DyNet's Trainer::clip_gradients scales every gradient by
             # clip_threshold / ||g|| when the global L2 norm ||g|| of all parameters (lookup tables: the
             # rows with a gradient, repeated lookups summed into their row) exceeds the threshold; torch's
             # clip_grad_norm_ divides by ||g|| + 1e-6, a relative difference below 1e-6. SimpleSGD then
@@ -242,7 +242,7 @@ class DynetSystem(System):
 
     # ------------------------------------------------------------ vertex functions
     # Each returns the h expressions of one graph's vertices. As a DyNet user would write
-    # them, a vertex skips the products with absent inputs (zeros in WORKLOADS.md): leaves
+    # them, a vertex skips the products with absent inputs (zeros in docs/workloads.md): leaves
     # compute only the x path, internal vertices only the children's path.
 
     def _losses(self, g, hs, p):

@@ -1,7 +1,7 @@
 """The child-sum Tree-LSTM of cavs/models/child_sum.py in DyNet with autobatching, from given weights.
 
 The n-ary study (experiments/studies/nary.py) runs it against Cavs. It is DynetSystem (DyNet's
-set-up, the parameter interface, the SGD step of WORKLOADS.md) with this model's parameters and
+set-up, the parameter interface, the SGD step of docs/workloads.md) with this model's parameters and
 vertex function in place of a paper workload's: the parameters are the names and row-convention
 shapes of the Cavs model's (`model.init_params()`); samples are n-ary cavs.Graph trees. As a DyNet
 user writes it, a vertex loops over its actual children (one forget gate each) and skips the

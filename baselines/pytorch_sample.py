@@ -1,9 +1,9 @@
 """PyTorch, one sample and one vertex at a time: the imperative reference every system is checked against.
 
-Each vertex runs the WORKLOADS.md cell on (1, h) tensors in an order where children come first,
+Each vertex runs the docs/workloads.md cell on (1, h) tensors in an order where children come first,
 skipping the products with absent (zero) inputs as a user writes it for one vertex;
 autograd records everything, one backward over the batch's mean loss, one SGD step with the
-gradients clipped to a global L2 norm (WORKLOADS.md's training rule).
+gradients clipped to a global L2 norm (docs/workloads.md's training rule).
 `TorchSystem` and the cell functions are shared with the other PyTorch baselines (cudnn_lstm.py,
 fold.py), so all three run the same math and the same parameter handling.
 
@@ -113,7 +113,7 @@ def summed_cross_entropy(p, h, targets):
 
 
 def mean_cross_entropy(p, h, targets):
-    """Softmax cross-entropy of h Wout + bout, averaged over the rows (WORKLOADS.md's loss when the
+    """Softmax cross-entropy of h Wout + bout, averaged over the rows (docs/workloads.md's loss when the
     rows are all the batch's loss terms)."""
     return F.cross_entropy(h @ p["Wout"] + p["bout"], targets, reduction="mean")
 
@@ -227,7 +227,7 @@ class TorchSystem(System):
         return value
 
     def update(self, rows: torch.Tensor, emb: torch.Tensor) -> None:
-        """WORKLOADS.md's SGD step on the dense parameters and on the embedding rows `rows`, whose
+        """docs/workloads.md's SGD step on the dense parameters and on the embedding rows `rows`, whose
         gradient is `emb.grad`."""
         params = self.trainable()
         torch.nn.utils.clip_grad_norm_([emb, *params], workloads.CLIP_NORM)

@@ -54,7 +54,7 @@ class Engine:
                              f"{', '.join(model.param_shapes)}")
         self.frozen, self.on_nonfinite, self.skipped_steps = frozenset(frozen), on_nonfinite, 0
         self.model, self.policy = model, policy
-        # WORKLOADS.md's rule by default: SGD, lr 1.0, gradients clipped to a global norm of 5.0
+        # docs/workloads.md's rule by default: SGD, lr 1.0, gradients clipped to a global norm of 5.0
         self.optimizer = optimizer if optimizer is not None else optim.SGD(lr=1.0, clip_norm=5.0)
         self.backend = get_backend(backend)
         # defaults = the fastest combination measured (docs/design.md): fusion everywhere (on the CPU
@@ -448,7 +448,7 @@ class Engine:
         h = pushed if plan.all_rows else pushed[plan.rows]     # F's exit: read the pushed rows
         self.counters.bytes_moved["push"] += 0 if plan.all_rows else h.nbytes
         self.timings.memory_s += time.perf_counter() - t0
-        # "mean": the average over the batch's labelled vertices (WORKLOADS.md); "sum": their sum
+        # "mean": the average over the batch's labelled vertices (docs/workloads.md); "sum": their sum
         scale = 1.0 / max(1, len(plan.labels)) if self.model.reduction == "mean" else 1.0
         kw = {}
         if want_grad:      # the gradients go where they are read: dh into d(push), dW and db into the accumulators

@@ -28,7 +28,7 @@ EMBEDDING = "emb"             # the table pull() reads (outside F)
 
 def initial_values(specs: dict, seed: int, dtype) -> dict[str, np.ndarray]:
     """Arrays for {name: shape or array}: a shape is drawn from `default_rng(seed)` in the given
-    order, uniform(-0.1, 0.1) for two or more dimensions and zeros for one (WORKLOADS.md); an
+    order, uniform(-0.1, 0.1) for two or more dimensions and zeros for one (docs/workloads.md); an
     array is used as given. Drawn in float64 and then cast, so float32 and float64 runs start
     from the same numbers."""
     rng = np.random.default_rng(seed)

@@ -97,7 +97,7 @@ class Optimizer:
 
 
 class SGD(Optimizer):
-    """p -= lr * g (WORKLOADS.md's default: lr 1.0, clip_norm 5.0, on the batch's mean loss)."""
+    """p -= lr * g (docs/workloads.md's default: lr 1.0, clip_norm 5.0, on the batch's mean loss)."""
 
     def _dense(self, xp, name, p, g, coef):
         if self.weight_decay:

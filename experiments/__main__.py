@@ -26,8 +26,7 @@ def parse_args(argv):
                      help="how much each cell measures (default: paper where a GPU is present, else cpu)")
     run.add_argument("--systems", type=_csv, help="comma-separated subset of the experiment's systems")
     run.add_argument("--panels", type=_csv, help="comma-separated subset of the experiment's panels")
-    run.add_argument("--results", help="directory of the CSVs (default: results/ when it is empty or holds "
-                                        "this machine kind's results, else results/<this kind>/)")
+    run.add_argument("--results", help="directory of the CSVs (default: results/<this machine's kind>/)")
     run.add_argument("--threads", type=int, default=1, help="compute threads per cell (default 1)")
     run.add_argument("--time-limit", type=float, help="seconds per cell (default: the profile's)")
     run.add_argument("--budget-min", type=float,

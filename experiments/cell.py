@@ -200,7 +200,7 @@ def _batches(spec):
     from cavs.models.datasets import load_samples, shuffled
     bs = spec["batch_size"]
     samples = load_samples(spec["workload"], "train", leaves=spec["leaves"])
-    if spec.get("order", "shuffled") == "shuffled":     # WORKLOADS.md; experiments.bench uses file order
+    if spec.get("order", "shuffled") == "shuffled":     # docs/workloads.md; experiments.bench uses file order
         samples = shuffled(samples, seed=0)
     return [samples[i:i + bs] for i in range(0, len(samples) - bs + 1, bs)]   # last partial batch dropped
 

@@ -1,4 +1,4 @@
-"""The paper's evaluation as data: every figure, table and the ablation, with its sweep grid (WORKLOADS.md),
+"""The paper's evaluation as data: every figure, table and the ablation, with its sweep grid (docs/workloads.md),
 the systems the paper compared in it, and what its plot reads. The runner expands these into cells;
 nothing here runs anything.
 """

@@ -111,7 +111,7 @@ def _num(v, fmt="{:.1f}"):
 
 def summary(df, tta) -> str:
     ok = _ok(df)
-    lines = ["# SST sentiment: trained to accuracy (issue 13)", "",
+    lines = ["# SST sentiment: trained to accuracy", "",
              "Root accuracy in %. `dev` at the best dev epoch (fine-grained), `test` with that epoch's "
              "parameters. Binary = the 5-class distribution collapsed (P(0)+P(1) against P(3)+P(4)) over "
              "trees whose gold label is not 2. Training time excludes evaluation and an untimed warm-up "
@@ -174,7 +174,7 @@ def summary(df, tta) -> str:
     lines += [f"| {name} | {f} | {b} |" for name, f, b in PUBLISHED]
     lines += ["", "The published binary figures come from models trained on the binary task; ours collapse the "
                   "5-class model's prediction. Tai et al. tune their embeddings with lr 0.1 and use dropout; "
-                  "here nothing but the Tree-LSTM, Adagrad and L2 of the issue.", ""]
+                  "here nothing but the Tree-LSTM, Adagrad and L2 of the study.", ""]
     meta = ok.iloc[0] if len(ok) else df.iloc[0]
     lines.append(f"Profile {meta.get('profile')}, git {meta.get('git_rev')}, threads per system: "
                  f"{', '.join(sorted(set(df['threads'].dropna().astype(int).astype(str))))}, "

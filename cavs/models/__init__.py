@@ -1,5 +1,5 @@
 """The paper's four models, each a vertex function and its `cavs.Model(...)` call, written with
-the public API only; and what belongs to their workloads (WORKLOADS.md), kept here, out of the
+the public API only; and what belongs to their workloads (docs/workloads.md), kept here, out of the
 engine: the data sets (`datasets`), sizes, initial values and readers (`workloads`).
 
     model = cavs.models.build("tree_lstm", hidden=64, seed=0, dtype="float64")

@@ -117,7 +117,7 @@ def load_samples(workload: str, split: str = "train", limit: int | None = None, 
 
 
 def shuffled(samples: list, seed: int = 0) -> list:
-    """The data set shuffled once with a seed (WORKLOADS.md: batches are consecutive samples of it)."""
+    """The data set shuffled once with a seed (docs/workloads.md: batches are consecutive samples of it)."""
     order = np.random.default_rng(seed).permutation(len(samples))
     return [samples[i] for i in order]
 

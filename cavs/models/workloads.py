@@ -1,4 +1,4 @@
-"""The four workloads of WORKLOADS.md as data: sizes, parameter shapes and initial values, and how
+"""The four workloads of docs/workloads.md as data: sizes, parameter shapes and initial values, and how
 a raw sample becomes an input graph. The engine and every baseline use these same functions, so
 with one seed all systems start from identical weights on identical graphs.
 """
@@ -14,7 +14,7 @@ from ..graphs import Graph, InputError
 from ..readers import chain, complete_binary_tree, origin_of, parse_ptb_tree, parse_ptb_trees
 
 WORKLOADS = ("fixed_lstm", "var_lstm", "tree_fc", "tree_lstm")
-# WORKLOADS.md's training rule (revised): SGD on the mean of the batch's loss terms, lr 1.0,
+# docs/workloads.md's training rule (revised): SGD on the mean of the batch's loss terms, lr 1.0,
 # gradients clipped to a global L2 norm of 5.0 over all parameters together
 LEARNING_RATE = 1.0
 CLIP_NORM = 5.0

@@ -3,7 +3,7 @@
     python -m experiments.studies sst --profile quick|cpu|paper --results DIR --systems cavs,dynet,pytorch
     python -m plots.sst --results DIR          # then the figure and summary (`make sst` runs both)
 
-The WORKLOADS.md Tree-LSTM (h = 150, embedding width 300, as Tai et al. 2015's constituency
+The docs/workloads.md Tree-LSTM (h = 150, embedding width 300, as Tai et al. 2015's constituency
 Tree-LSTM; the embeddings start random, pretrained vectors are not available here) trained on SST
 train with every vertex's label in the loss (mean over the batch's vertices), Adagrad lr 0.05 with
 L2 1e-4, batch size 25, no gradient clipping. Each system is the baselines/ one (Cavs, DyNet with

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 
 def test_step_applies_the_default_rule_and_infer_matches_forward(small_samples):
-    """WORKLOADS.md's rule: SGD, lr 1.0, on the mean loss, gradients clipped to a global norm of 5."""
+    """docs/workloads.md's rule: SGD, lr 1.0, on the mean loss, gradients clipped to a global norm of 5."""
     model, engine = engine_for("tree_lstm")
     batch = model.make_batch(small_samples["tree_lstm"])
     before = {k: v.copy() for k, v in engine.params.items()}

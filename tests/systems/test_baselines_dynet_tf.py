@@ -1,6 +1,6 @@
 """DyNet-autobatch, TensorFlow-unroll and the PyTorch baselines against an independent float64 reference.
 
-The reference below is WORKLOADS.md read literally (zeros for absent inputs, one vertex at a
+The reference below is docs/workloads.md read literally (zeros for absent inputs, one vertex at a
 time, PyTorch autograd for the gradient), sharing nothing with the systems but the data readers
 and the initial weights.
 """
@@ -24,7 +24,7 @@ HIDDEN, SEED, LEAVES = 5, 2, 4
 
 
 def reference_step(workload, samples):
-    """Mean loss and parameters after one SGD step (WORKLOADS.md's rule: mean loss, gradients
+    """Mean loss and parameters after one SGD step (docs/workloads.md's rule: mean loss, gradients
     clipped to a global L2 norm of workloads.CLIP_NORM as torch's clip_grad_norm_ does, lr 1.0),
     float64, vertex by vertex; the embedding's gradient is dense."""
     init = workloads.init_params(workload, HIDDEN, SEED, "float64", LEAVES)

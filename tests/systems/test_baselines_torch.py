@@ -20,7 +20,7 @@ def make(system, workload, **kw):
 
 
 def spec_loss(workload, p, g):
-    """WORKLOADS.md written out in NumPy, one vertex at a time: the independent check of gate orders."""
+    """docs/workloads.md written out in NumPy, one vertex at a time: the independent check of gate orders."""
     sig = lambda z: 1 / (1 + np.exp(-z))   # noqa: E731
     h = p["Wout"].shape[0]
     zero = (np.zeros(h), np.zeros(h))

@@ -238,16 +238,18 @@ def edge_levels(n: int, parent: np.ndarray, child: np.ndarray) -> np.ndarray:
     return level
 
 
-def _edges_of(g: Graph, slots: int | None):
-    """(parent, child, slot) of a graph's edges, in parent then slot order; `slots` None numbers
-    each vertex's children 0, 1, ... in slot order (holes closed up), else keeps the first
-    `slots` slots as they are."""
-    c = g.children if slots is None else g.children[:, :slots]
-    parent, k = np.nonzero(c >= 0)
-    child = c[parent, k]
-    if slots is None:
-        k = np.arange(len(parent)) - np.searchsorted(parent, parent)
-    return parent, child, k
+def _check_slots(graphs, stacked, owner, offsets, sizes, arity) -> None:
+    """validate()'s range and arity checks over a batch's stacked child slots; the first graph at
+    fault is named, with its first fault (numbered as in that graph)."""
+    over = (stacked[:, arity:] >= 0).any(axis=1) if arity is not None and stacked.shape[1] > arity \
+        else np.zeros(len(stacked), dtype=bool)
+    bad = (stacked < -1) | (stacked >= sizes[owner][:, None])
+    rows = np.flatnonzero(over | bad.any(axis=1))
+    if not len(rows):
+        return
+    i = int(owner[rows[0]])
+    validate(graphs[i], arity, acyclic=False)         # raises the message that names it
+    raise InputError(f"{graphs[i].name}: vertex {int(rows[0] - offsets[i])} has a child slot out of range")
 
 
 def make_forest(graphs: list[Graph], arity: int | None, features: int | None = None) -> Forest:
@@ -258,7 +260,11 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
     if not graphs:
         raise InputError("empty batch: no samples were given")
     for g in graphs:
-        validate(g, arity, acyclic=False)
+        n = g.num_vertices
+        if n == 0:
+            raise InputError(f"{g.name}: empty graph (no vertices)")
+        if g.children.ndim != 2 or g.children.shape[0] != n or len(g.labels) != n:
+            raise InputError(f"{g.name}: children/tokens/labels disagree on the number of vertices")
         if features is None and g.features is not None:
             raise InputError(f"{g.name}: the graph has features, but the model reads none "
                              "(declare inputs=D to read them with pull())")
@@ -276,10 +282,19 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
                                  "turn every parameter into NaN")
     sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    parts = [_edges_of(g, arity) for g in graphs]
-    edge_parent = np.concatenate([p + offsets[i] for i, (p, _, _) in enumerate(parts)]).astype(np.int64)
-    edge_child = np.concatenate([c + offsets[i] for i, (_, c, _) in enumerate(parts)]).astype(np.int64)
-    edge_slot = np.concatenate([k for _, _, k in parts]).astype(np.int64)
+    # every graph's child slots in one array, checked and read at once (a loop per graph costs
+    # more than the arithmetic on a batch of small trees)
+    stacked = np.full((int(offsets[-1]), max(g.children.shape[1] for g in graphs)), -1, dtype=np.int64)
+    for i, g in enumerate(graphs):
+        stacked[offsets[i]:offsets[i + 1], :g.children.shape[1]] = g.children
+    owner = np.repeat(np.arange(len(graphs)), sizes)
+    _check_slots(graphs, stacked, owner, offsets, sizes, arity)
+    slots = stacked if arity is None else stacked[:, :arity]
+    edge_parent, k = np.nonzero(slots >= 0)
+    edge_child = slots[edge_parent, k] + offsets[owner[edge_parent]]
+    # a model on edges numbers each vertex's children 0, 1, ... in slot order (holes closed up)
+    edge_slot = k if arity is not None else np.arange(len(edge_parent)) - np.searchsorted(edge_parent, edge_parent)
+    edge_parent, edge_child, edge_slot = (a.astype(np.int64) for a in (edge_parent, edge_child, edge_slot))
     width = arity if arity is not None else (int(edge_slot.max()) + 1 if len(edge_slot) else 1)
     names = [g.name for g in graphs]
     level = edge_levels(int(offsets[-1]), edge_parent, edge_child)

@@ -181,12 +181,15 @@ class Lowered:
             step = op_step
         return self.subset_step(n, step) if n in self.bound else step
 
-    def rows_with_children(self, n: Node, a: int, b: int):
+    def rows_with_children(self, n: Node, a: int, b: int, t: int = -1):
         """The rows of [a, b) whose vertex has one of the children that bound n
         (support.row_bounds), as an index array, or None where they are nearly all rows (then
         copying them out costs more than the products it saves). Cached per batch."""
         key = (self.bound[n], a, b)
         rows = self.batch.row_sets.get(key)
+        if rows is None and t >= 0 and self.batch.messages is not None and \
+                all(self.batch.messages.plans[t][k].mode == "all" for k in key[0]):
+            rows = self.batch.row_sets[key] = False      # every row of the task has those children
         if rows is None:
             present = (self.batch.sched.child_rows[a:b, sorted(key[0])] >= 0).any(axis=1)
             count = int(present.sum())
@@ -207,7 +210,7 @@ class Lowered:
         grad = self.grads[n.attrs["param"]] if reduce else None
 
         def rows_step(a, b, t):
-            rows = self.rows_with_children(n, a, b)
+            rows = self.rows_with_children(n, a, b, t)
             if rows is None:
                 full_step(a, b, t)
                 return
@@ -285,7 +288,7 @@ class Lowered:
         bounded = n in self.bound
 
         def term(a, b, t):
-            rows = self.rows_with_children(n, a, b) if bounded else None
+            rows = self.rows_with_children(n, a, b, t) if bounded else None
             if rows is None:
                 be.gemm(A[o][a:b], A[x][a:b], A[w], accumulate=accumulate,
                         bias=None if accumulate or bias is None else A[bias])

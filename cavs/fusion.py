@@ -362,15 +362,62 @@ def compile_stats() -> dict:
 
 # ---------------------------------------------------------------- GPU: CuPy
 
+# A kernel's source is generic in its element type T (a CuPy type placeholder: CuPy compiles it
+# once per dtype, with `typedef float T;` or `typedef double T;` before the preamble). So that a
+# float32 kernel computes in float, every numeric literal becomes T(...) (a bare 0.5 is a double,
+# and would promote the whole expression: a double tanh per element), and every function of the
+# expression templates (ops.py) calls a helper below, one overload per type, written with the CUDA
+# C math API's float and double functions: no call depends on which C++ overloads NVRTC's headers
+# declare (`max(float, double)` or `pow(float, int)` are ambiguous or missing there). fmax/fmin
+# ignore a NaN operand where NumPy's maximum/minimum propagate it (the CPU's kernels, Python's
+# max, do neither consistently); no other difference.
+CUPY_FUNCTIONS = ("exp", "log", "tanh", "pow", "abs", "max", "min")
+CUPY_PREAMBLE = """\
+__device__ __forceinline__ float cavs_exp(float x) { return expf(x); }
+__device__ __forceinline__ double cavs_exp(double x) { return exp(x); }
+__device__ __forceinline__ float cavs_log(float x) { return logf(x); }
+__device__ __forceinline__ double cavs_log(double x) { return log(x); }
+__device__ __forceinline__ float cavs_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double cavs_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float cavs_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double cavs_pow(double x, double y) { return pow(x, y); }
+__device__ __forceinline__ float cavs_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ double cavs_abs(double x) { return fabs(x); }
+__device__ __forceinline__ float cavs_max(float x, float y) { return fmaxf(x, y); }
+__device__ __forceinline__ double cavs_max(double x, double y) { return fmax(x, y); }
+__device__ __forceinline__ float cavs_min(float x, float y) { return fminf(x, y); }
+__device__ __forceinline__ double cavs_min(double x, double y) { return fmin(x, y); }
+"""
+# every numeric literal of an expression: 0.5, 1e-05, 2 (not the digits of a name such as v12 or in0)
+_NUMBER = re.compile(r"(?<![\w.])(\d+\.\d*(?:e[+-]?\d+)?|\d+e[+-]?\d+|\d+)(?![\w.])")
+_FUNCTION = re.compile(r"\b(" + "|".join(CUPY_FUNCTIONS) + r")\(")
+_NONFINITE = {"inf": "(T(1.0) / T(0.0))", "nan": "(T(0.0) / T(0.0))"}
+
+
+def _cupy_expression(text: str) -> str:
+    """A template's expression as CUDA C++ over T: typed literals, the helpers' names."""
+    text = _NUMBER.sub(r"T(\1)", text)
+    text = re.sub(r"(?<![\w.])(inf|nan)(?![\w.(])", lambda m: _NONFINITE[m.group(1)], text)
+    return _FUNCTION.sub(r"cavs_\1(", text)
+
+
 def cupy_source(group: FusedGroup) -> tuple[str, str, str]:
+    """(in_params, out_params, operation) of the group's cupy.ElementwiseKernel: one `T vN = ...;`
+    per member (in registers), then each output written. Parameters (biases) are 1-D and vertex
+    values (rows, width) or (rows, 1): the kernel broadcasts them over the output rows."""
     in_params = ", ".join(f"T in{k}" for k in range(len(group.inputs)))
     out_params = ", ".join(f"T out{k}" for k in range(len(group.outputs)))
-    body = [f"T {line};" for line in expression_lines(group, lambda k, node: f"in{k}")]
+    body = []
+    for line in expression_lines(group, lambda k, node: f"in{k}"):
+        name, _, expr = line.partition(" = ")
+        body.append(f"T {name} = {_cupy_expression(expr)};")
     body += [f"out{k} = v{o.id};" for k, o in enumerate(group.outputs)]
     return in_params, out_params, "\n".join(body)
 
 
 @functools.lru_cache(maxsize=None)
 def compile_cupy(in_params: str, out_params: str, body: str):
+    """The kernel (CuPy compiles it with NVRTC at its first call per dtype, and caches the binary in
+    ~/.cupy/kernel_cache)."""
     import cupy
-    return cupy.ElementwiseKernel(in_params, out_params, body, "cavs_fused")
+    return cupy.ElementwiseKernel(in_params, out_params, body, "cavs_fused", preamble=CUPY_PREAMBLE)

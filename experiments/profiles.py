@@ -32,6 +32,10 @@ PROFILES = {p.name: p for p in (
             sweep_budget_s=42 * 60),     # `make fig8` must end within 45 minutes on 2 cores
     Profile("paper", "auto", time_limit_s=6 * 3600, timed_batches=None, target_s=None, reduced_grid=False),
     Profile("gpu-quick", "cuda", time_limit_s=300, timed_batches=2, target_s=None, reduced_grid=True),
+    # `make gpu-check` (experiments/gpu_check.py, which picks its grid and its budget): 3 batches
+    # twice, the faster pass kept; a cell normally takes 5-10 s, nearly all of it start-up
+    Profile("gpu-check", "cuda", time_limit_s=60, timed_batches=3, target_s=None, reduced_grid=False,
+            sweep_budget_s=4 * 60, repeats=2),
     Profile("ci", "cpu", time_limit_s=180, timed_batches=2, target_s=None, reduced_grid=False, repeats=3),
 )}
 
@@ -108,12 +112,89 @@ def measured_samples(profile: Profile, cell: dict) -> int | None:
 
 
 def estimated_cell_s(profile: Profile, cell: dict, epoch_samples: int) -> float:
-    """The cost model's guess of a cell's wall time, warm-up and start-up included, capped by the limit."""
+    """The cost model's guess of a cell's wall time, warm-up and start-up included, capped by the limit
+    (a cuda cell: the GPU model below)."""
+    if cell.get("device") == "cuda":
+        return gpu_cell_s(profile, cell, epoch_samples)
     cost = sample_cost_s(cell["system"], cell["workload"], cell["hidden"], cell["leaves"], cell["mode"],
                          cell["batch_size"])
     timed = measured_samples(profile, cell) or epoch_samples
     work = (profile.warmup_batches * cell["batch_size"] + profile.repeats * timed) * cost
     return min(STARTUP_S.get(cell["system"], DEFAULT_STARTUP_S) + work, profile.time_limit_s)
+
+
+# ---- GPU cost model (cuda cells): GUESSES. No cell of this harness has run on a GPU yet; every number below
+# is an estimate from what these libraries usually cost, to be replaced by what results/gpu/ records after the
+# first `make gpu-check` (cell_walltimes.csv: each cell's wall time next to this model's guess). On a GPU these
+# cells are small: their time is start-up and kernel launches, not arithmetic.
+GPU_STARTUP_S = 4.0            # guess: Python, cavs and CuPy imports, the CUDA context, data, the model
+GPU_TORCH_STARTUP_S = 7.0      # guess: the same with `import torch` (2-4 s) and PyTorch's CUDA context
+GPU_FIRST_COMPILE_S = 25.0     # guess: the sweep's first Cavs cell compiles CuPy's kernels (NVRTC, ~0.3 s each,
+                               # 60-80 of them); later cells load them from CuPy's cache (~/.cupy/kernel_cache)
+GPU_WARM_COMPILE_S = 10.0      # guess: the same after gpu-check's CuPy tests, which compile the float32 kernels of
+                               # the same models and switches (a kernel's source does not depend on h or bs)
+GPU_VARIANT_COMPILE_S = 6.0    # guess: the fused kernels of each further model or switch variant
+GPU_LAUNCH_S = 30e-6           # guess: one kernel launch from Python (CuPy or PyTorch eager, with its Python code)
+GPU_FLOPS = 15e12              # guess: float32 rate of these small products (an H200's FP32 peak: ~67 TFLOP/s)
+GPU_BATCH_OVERHEAD_S = 3e-3    # guess: per batch, the loss, the update and the host-device copies
+GPU_HOST_PER_VERTEX_S = 1e-5   # guess: per vertex, building the batch on the host (graphs, schedule, plans)
+# guess: launches per task (a level of the batch, or one vertex for a per-sample system), forward + backward
+GPU_LAUNCHES_PER_TASK = {"cavs": 40, "cavs-serial": 40, "fold": 70, "fold-n": 70, "pytorch-levels": 45,
+                         "pytorch": 50, "cudnn": 0}
+GPU_CUDNN_LAUNCHES = 40        # guess: cuDNN's LSTM: its steps run inside the library, a few launches a batch
+GPU_CALIBRATION: dict = {}     # (system, workload) -> measured / modelled, once a GPU run has recorded some
+
+
+def gpu_tasks(workload: str, batch_size: int) -> float:
+    """Tasks (levels) of a batched pass: the mean depth of a batch of SST trees grows with the batch
+    (10.6 at bs = 1, 21.9 at 64, 23.9 at 256, measured here on the shuffled train set), a Var-LSTM batch's
+    longest sentence likewise (21.5, 50, 61); Fixed-LSTM has 64 steps, Tree-FC log2(leaves) + 1 levels."""
+    lg = math.log2(max(1, batch_size))
+    return {"tree_lstm": min(24.0, 10.6 + 2.0 * lg), "var_lstm": min(62.0, 21.5 + 5.0 * lg),
+            "fixed_lstm": 64.0}.get(workload, 9.0)
+
+
+def gpu_batch_s(system: str, workload: str, hidden: int, leaves: int, mode: str, batch_size: int) -> float:
+    """The GPU model's seconds for one batch (prepare + step) of a cell."""
+    passes = 3 if mode == "train" else 1
+    vertices = vertices_per_sample(workload, leaves) * batch_size
+    per_sample = SYSTEM_FACTS.get(system, (None, False, False))[2]
+    tasks = vertices if per_sample else gpu_tasks(workload, batch_size)
+    launches = GPU_CUDNN_LAUNCHES if system == "cudnn" else tasks * GPU_LAUNCHES_PER_TASK.get(system, 50)
+    launches *= passes / 3
+    flops = passes * vertices * flops_per_vertex(workload, hidden)
+    seconds = GPU_BATCH_OVERHEAD_S + launches * GPU_LAUNCH_S + flops / GPU_FLOPS + vertices * GPU_HOST_PER_VERTEX_S
+    return seconds * GPU_CALIBRATION.get((system, workload), 1.0)
+
+
+def gpu_startup_s(system: str) -> float:
+    framework = SYSTEM_FACTS.get(system, (None,))[0]
+    return GPU_TORCH_STARTUP_S if framework == "torch" else GPU_STARTUP_S
+
+
+def gpu_cell_s(profile: Profile, cell: dict, epoch_samples: int) -> float:
+    """A cuda cell's wall time: start-up, then its warm-up and timed batches (as experiments/cell.py runs
+    them), capped by the limit. Kernel compilation, paid once per sweep, is not in it (gpu_compile_s)."""
+    bs = cell["batch_size"]
+    batch = gpu_batch_s(cell["system"], cell["workload"], cell["hidden"], cell["leaves"], cell["mode"], bs)
+    timed = measured_samples(profile, cell) or epoch_samples
+    warmup = max(profile.warmup_batches, min(3, math.ceil(16 / bs))) if profile.warmup_batches else 0
+    work = (warmup + profile.repeats * math.ceil(timed / bs)) * batch
+    return min(gpu_startup_s(cell["system"]) + work, profile.time_limit_s)
+
+
+def gpu_compile_s(cells: list[dict], warm: bool = False) -> float:
+    """Kernel compilation a sweep of cuda cells pays once: the first Cavs cell's, and the fused kernels
+    of each further (workload, lazy, eager) with fusion on (which ops fuse depends on those; the
+    batched and serial policies share their kernels, the unfused variants CuPy's own). `warm`: CuPy's
+    cache already holds most of them (gpu-check's tests ran first)."""
+    cavs = [c for c in cells if c["system"] in ("cavs", "cavs-serial")]
+    if not cavs:
+        return 0.0
+    fused = {(c["workload"], c["options"].get("lazy", True), c["options"].get("eager", True))
+             for c in cavs if c["options"].get("fusion", True)}
+    first = GPU_WARM_COMPILE_S if warm else GPU_FIRST_COMPILE_S
+    return first + GPU_VARIANT_COMPILE_S * max(0, len(fused) - 1)
 
 
 def get_profile(name: str) -> Profile:

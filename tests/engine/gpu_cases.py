@@ -1,0 +1,149 @@
+"""The models and batches the CuPy backend is checked on, against the NumPy backend: the real GPU
+(test_gpu.py) and the stand-in over NumPy (test_gpu_standin.py) run the same cases.
+
+Every model of cavs.models (the paper's four, the child-sum Tree-LSTM on edges and on child
+slots), plus attention over children and a model using every op (test_edges.py's), so that every
+expression template of ops.py goes through a fused CUDA kernel and every row op of the backend
+(take_rows, add_rows, max_rows) runs. Small float64 batches; the reference is the NumPy backend
+unfused, with NumPy's own matmul (no library measurement, no Numba compile but the loss's)."""
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+
+import cavs
+from cavs.models import child_sum
+from tests.engine.helpers import C, E, H, V, dag, nary_trees, random_tree
+
+SWITCHES = ("lazy", "eager", "fusion", "streaming")
+# all 16 combinations of the engine's switches
+ALL_SWITCHES = [dict(zip(SWITCHES, bits)) for bits in itertools.product((False, True), repeat=4)]
+# the corners: everything off, each optimization on alone... rather: off, fusion alone, and all on
+CORNERS = [dict.fromkeys(SWITCHES, False), {**dict.fromkeys(SWITCHES, False), "fusion": True},
+           {**dict.fromkeys(SWITCHES, False), "fusion": True, "streaming": True}, dict.fromkeys(SWITCHES, True)]
+PAPER = ("fixed_lstm", "var_lstm", "tree_fc", "tree_lstm")
+EXTRA = ("child_sum_edges", "child_sum_slots", "attention", "every_op")
+MODELS = PAPER + EXTRA
+
+
+def switch_id(options: dict) -> str:
+    on = [k for k in SWITCHES if options[k]]
+    return "+".join(on) if on else "all-off"
+
+
+@functools.lru_cache(maxsize=None)
+def _paper_samples():
+    """A few real samples per workload (short ones), as tests/conftest.py's small_samples."""
+    from cavs import datasets
+    sst = [s for s in datasets.load_samples("tree_lstm", "train", limit=200) if len(s) < 140][:6]
+    var = [s for s in datasets.load_samples("var_lstm", "train", limit=50) if len(s) < 14][:5]
+    fixed = [s[:9] for s in datasets.load_samples("fixed_lstm", "train", limit=4)]
+    tree_fc = datasets.tree_fc_samples(4, leaves=8, seed=3)
+    return {"tree_lstm": sst, "var_lstm": var, "fixed_lstm": fixed, "tree_fc": tree_fc}
+
+
+def _slot_trees():
+    rng = np.random.default_rng(5)
+    return [random_tree(rng, 14, "slots a", max_degree=3), random_tree(rng, 9, "slots b", max_degree=3),
+            random_tree(rng, 1, "slots single")]
+
+
+def case(name: str, dtype: str = "float64"):
+    """(model, samples or graphs) of one case."""
+    if name in PAPER:
+        model = cavs.models.build(name, hidden=6, seed=2, dtype=dtype, leaves=8)
+        return model, _paper_samples()[name]
+    if name == "child_sum_edges":
+        return child_sum.model(None, H, E, V, classes=C, seed=1, dtype=dtype), [dag(), *nary_trees(2)]
+    if name == "child_sum_slots":
+        return child_sum.model(3, H, E, V, classes=C, seed=1, dtype=dtype), _slot_trees()
+    from tests.engine import test_edges          # their cells, as the CPU tests run them
+    rng = np.random.default_rng(4)
+    graphs = [dag(), random_tree(rng, 12, "wide", wide=6), random_tree(rng, 9, "mixed")]
+    if name == "attention":
+        model = test_edges.attention_model()
+    elif name == "every_op":
+        model = test_edges.every_op_model()
+    else:
+        raise KeyError(name)
+    if dtype != "float64":
+        raise ValueError(f"{name} is built in float64 only")
+    return model, graphs
+
+
+def reference(model, samples):
+    """(loss, grads) of the NumPy backend, unfused, NumPy's matmul."""
+    engine = cavs.Engine(model, backend="numpy", fusion=False, streaming=False, blas="numpy")
+    return engine.loss_and_grads(model.make_batch(samples))
+
+
+def compare(got, want, rtol: float = 1e-9, gtol: float = 1e-7):
+    """Loss to rtol; every gradient to gtol of its largest entry."""
+    (loss, grads), (ref_loss, ref_grads) = got, want
+    assert np.isfinite(loss) and abs(loss - ref_loss) <= rtol * max(1.0, abs(ref_loss)), (loss, ref_loss)
+    assert set(grads) == set(ref_grads)
+    for k, g in ref_grads.items():
+        scale = max(1e-12, float(np.abs(g).max()))
+        err = float(np.abs(np.asarray(grads[k]) - g).max()) / scale
+        assert err <= gtol, f"d{k}: relative error {err:.2e} > {gtol}"
+
+
+# ---------------------------------------------------------------- every expression template, alone
+
+# attributes for the templates that take one (several values where the literal's form differs)
+TEMPLATE_ATTRS = {"scale": [{"c": 0.3}, {"c": -2}], "shift": [{"c": -0.7}], "power": [{"p": 2}, {"p": -1.5}],
+                  "max_const": [{"c": 0.3}], "min_const": [{"c": -0.2}], "gt_const": [{"c": 0.1}],
+                  "lt_const": [{"c": 1e-05}]}
+POSITIVE = ("log", "power")          # their input is kept positive
+
+
+def templates():
+    """(id, op, attrs, second operand width 1?) for every elementwise op of ops.py."""
+    from cavs.ops import OPS
+    out = []
+    for op, d in OPS.items():
+        if d.expr is None:
+            continue
+        for attrs in TEMPLATE_ATTRS.get(op, [{}]):
+            tag = "-".join(f"{k}={v}" for k, v in attrs.items())
+            out.append((f"{op}{'-' + tag if tag else ''}", op, attrs, False))
+    out += [("mul-broadcast", "mul", {}, True), ("add-broadcast", "add", {}, True)]
+    return out
+
+
+def template_group(op, attrs, broadcast, width=5):
+    """A fused group of one member (op over one or two vertex inputs), written out, and the
+    shapes of its inputs."""
+    from cavs import fusion
+    from cavs.ops import OPS, Node
+    binary = "{1}" in OPS[op].expr
+    in_width = 1 if op == "expand" else width
+    x = Node("pull", (), (in_width,), id=1)
+    y = Node("pull", (), (1 if broadcast else width,), id=2)
+    member = Node(op, (x, y) if binary else (x,), (width,), dict(attrs), id=10)
+    sink = Node("push", (member,), (width,), id=11)
+    group = fusion.describe([member], {x: [member], y: [member], member: [sink]})
+    return group, [tuple(i.shape) for i in group.inputs]
+
+
+def template_inputs(op, shapes, rows=7, dtype="float64", seed=0):
+    rng = np.random.default_rng(seed)
+    values = []
+    for k, (w,) in enumerate(shapes):
+        v = rng.uniform(0.2, 1.5, (rows, w)) if op in POSITIVE else rng.uniform(-1.5, 1.5, (rows, w))
+        if op in ("ge", "eq") and k == 1:        # some ties
+            v[::2] = values[0][::2, :w]
+        values.append(v.astype(dtype))
+    return values
+
+
+def template_reference(op, attrs, values):
+    """The op's NumPy implementation (ops.py's run on the NumPy backend)."""
+    from cavs.backend.numpy import NumpyBackend
+    from cavs.ops import OPS
+    width = max(v.shape[1] for v in values) if op != "expand" else 5
+    out = np.empty((values[0].shape[0], width), dtype=values[0].dtype)
+    OPS[op].run(NumpyBackend(), out, values, attrs)
+    return out

@@ -6,8 +6,9 @@ A workload's training needs certain matrix products: for every product x W of th
 x^T dy; and the same for the output layer. `Product`s list them (`workload_products`,
 `child_sum_products`). Each product shape is timed with every installed GEMM library -- NumPy's
 OpenBLAS with its own CPU detection, MKL and oneDNN (through PyTorch) and TensorFlow's matmul --
-in fresh one-thread processes (`python -m experiments.floors time SPEC`, through launch.run, with
-the native OpenBLAS kernels every benchmark cell gets), and the fastest library's time counts:
+in fresh processes pinned to the cells' thread count (`python -m experiments.floors time SPEC`,
+through launch.run, with the native OpenBLAS kernels every benchmark cell gets; at two threads
+every library runs both), and the fastest library's time counts:
 
 - the floor: every product over all its rows at once, at the fastest library's rate on its shape;
 - the frontier bound: the same, but the loop's state products timed per task on the task's own
@@ -178,12 +179,12 @@ def _tensorflow_product(p: Product):
     return lambda: tf.linalg.matmul(a, w)
 
 
-def _time_products(library: str, products: list) -> dict:
-    """Seconds of each product (as a list [layout, rows, inner, outer]) with `library`."""
+def _time_products(library: str, products: list, threads: int = 1) -> dict:
+    """Seconds of each product (as a list [layout, rows, inner, outer]) with `library` at `threads`."""
     shapes = [Product(*p) for p in products]
     if library == "tensorflow":
         import tensorflow as tf
-        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(1)
         seconds = [_fastest_of(_tensorflow_product(p)) for p in shapes]
     else:
@@ -191,8 +192,10 @@ def _time_products(library: str, products: list) -> dict:
         from cavs import blas
         if library not in blas.available("float32"):
             return {"status": f"failed: {library} is not usable here"}
+        blas.set_pool_threads(None, threads)       # every library's pool at `threads`
         timed = blas.measure([(p.layout, p.rows, p.inner, p.outer) for p in shapes], np.float32, [library])
-        seconds = [timed[(p.layout, p.rows, p.inner, p.outer)][library] for p in shapes]
+        # (None: a layout the library does not run, oneDNN's packed weights for x^T dy)
+        seconds = [timed[(p.layout, p.rows, p.inner, p.outer)].get(library) for p in shapes]
     return {"seconds": seconds, "kernels": _openblas_kernels(), "status": "ok"}
 
 
@@ -222,25 +225,26 @@ def _clock() -> dict:
 MEASUREMENTS = {"time": _time_products, "clock": _clock}
 
 
-def _measure(kind: str, **spec) -> dict:
-    return launch.run("experiments.floors", [kind, json.dumps(spec)], threads=1, time_limit_s=1800)
+def _measure(kind: str, threads: int = 1, **spec) -> dict:
+    spec = {**spec, "threads": threads} if kind == "time" else spec
+    return launch.run("experiments.floors", [kind, json.dumps(spec)], threads=threads, time_limit_s=1800)
 
 
 # ---------------------------------------------------------------- the yardsticks
 
-def time_products(products: list[Product], libraries=LIBRARIES) -> dict:
+def time_products(products: list[Product], libraries=LIBRARIES, threads: int = 1) -> dict:
     """{"best": {product: (seconds, library)}, "libraries": {library: status}}: each distinct product
-    timed with every installed library (a product longer than MAX_TIMED_ROWS scaled from its timed
-    shape), the fastest library's time kept."""
+    timed with every installed library at `threads` (a product longer than MAX_TIMED_ROWS scaled
+    from its timed shape), the fastest library's time kept."""
     distinct = sorted({p.timed() for p in products}, key=lambda p: (p.layout, p.inner, p.outer, p.rows))
     best, status = {}, {}
     for lib in libraries:
-        r = _measure("time", library=lib, products=[[p.layout, p.rows, p.inner, p.outer] for p in distinct])
+        r = _measure("time", threads, library=lib, products=[[p.layout, p.rows, p.inner, p.outer] for p in distinct])
         status[lib] = r["status"]
         if r["status"] != "ok":
             continue
         for p, s in zip(distinct, r["seconds"]):
-            if p not in best or s < best[p][0]:
+            if s is not None and (p not in best or s < best[p][0]):
                 best[p] = (s, lib)
     if not best:
         raise RuntimeError(f"no product could be timed: {status}")

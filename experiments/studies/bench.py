@@ -3,15 +3,16 @@
     python -m experiments.studies bench [--results DIR] [--hidden 64,256,512] [--repeats 3]
     python -m experiments.studies bench --compare REV_A REV_B --system dynet --workload tree_lstm --h 64
 
-Tree-LSTM: training on the first 512 SST training trees (file order), bs = 64, one thread,
-h in 64/256/512: Cavs (default switches, and each switch combination of interest), DyNet with
+Tree-LSTM: training on the first 512 SST training trees (file order), bs = 64, one thread
+(--threads 1,2: each cell at each count), h in 64/256/512: Cavs (default switches, and each switch combination of interest), DyNet with
 autobatching and PyTorch by level. Var-LSTM: the first 2048 PTB training sentences, bs = 64,
 h = 256: Cavs, DyNet, TensorFlow. Every measurement is a sweep cell in its own process
 (launch.file_order_cell: one warm-up batch, then the fastest of `repeats` timed passes), in
-`rounds` interleaved rounds (fastest kept). The floor (experiments/floors.py) is the multiply-adds
-the workload needs at this machine's single-thread float32 GEMM rate, measured before and after
-every round, the fastest kept; the frontier bound is the same work with each loop task's state
-matmuls timed on their own (small) shapes: what any frontier-by-frontier system pays at least.
+`rounds` interleaved rounds (fastest kept). The floor (experiments/floors.py) is the products
+the workload needs, each at the fastest library's float32 time on its shape at the cells' thread
+count, measured in every round, the fastest kept; the frontier bound is the same work with each
+loop task's state matmuls timed on their own (small) shapes: what any frontier-by-frontier system
+pays at least.
 Prints one table with the ratios; writes DIR/bench.csv (--all-systems: DIR/bench-systems.csv).
 """
 from __future__ import annotations
@@ -95,13 +96,13 @@ def with_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def yardsticks(workload: str, hidden: int, data) -> dict:
+def yardsticks(workload: str, hidden: int, data, threads: int = 1) -> dict:
     """The floor and the frontier bound of `workload` on `data` (experiments/floors.py): each product
-    at the fastest installed library's time on its shape."""
+    at the fastest installed library's time on its shape, at `threads`."""
     needed = floors.workload_products(workload, hidden, data)
     state = floors.state_products(needed, workload, hidden)
     frontier = floors.frontier_products(workload, hidden, data)
-    timed = floors.time_products(needed + frontier)
+    timed = floors.time_products(needed + frontier, threads=threads)
     floor = floors.seconds_of(needed, timed)
     bound = floor - floors.seconds_of(state, timed) + floors.seconds_of(frontier, timed)
     won = {}
@@ -130,9 +131,10 @@ def main(results_dir: Path, args) -> int:
         systems = systems_of(workload, args)
         # rounds interleave the systems, so a slow spell of a shared machine hits all of them;
         # each system keeps its fastest round
-        best, sticks = {}, []
+        best, sticks = {}, {n: [] for n in threads}
         for _ in range(args.rounds):
-            sticks.append(yardsticks(workload, hidden, data))
+            for n in threads:
+                sticks[n].append(yardsticks(workload, hidden, data, n))
             for n in threads:
                 for label, system, options in systems:
                     t0 = time.perf_counter()
@@ -144,8 +146,9 @@ def main(results_dir: Path, args) -> int:
                                                             "system": label, "options": json.dumps(options),
                                                             **r, "threads": n})
             rates.append(floors.matmul_rates())
-        least = {k: min(s[k] for s in sticks) for k in ("floor_s", "frontier_bound_s")}
-        measured.append(({**sticks[-1], **least}, best))
+        for n in threads:        # each thread count's rows beside the yardsticks at that count
+            least = {k: min(s[k] for s in sticks[n]) for k in ("floor_s", "frontier_bound_s")}
+            measured.append(({**sticks[n][-1], **least}, {k: r for k, r in best.items() if k[1] == n}))
     peak, rev = floors.fma_peak(), environment.git_revision()
     fastest = {lib: max(r.get(lib, 0.0) for r in rates) for lib in set().union(*rates)}
     best_rate = max(fastest.values())

@@ -6,7 +6,7 @@ Each target is a ratio measured within one run (the bench and nary studies). Fro
 the same run's rows it derives the Cavs time the target asks for, and sets it beside the floor of
 that run (the products the workload needs, each at the fastest installed library's time on its
 shape) and the frontier bound (the same with each loop task's state products timed per task;
-experiments/floors.py; at two threads, half of each): a target that asks for less than the floor, or the bound, cannot be met by any
+experiments/floors.py; both timed at the row's thread count): a target that asks for less than the floor, or the bound, cannot be met by any
 implementation of the model on this machine, however little else it spends. `budget_over_floor`
 is what is left once Cavs's own graph construction (parsing, levels, schedule: the timed work
 outside the products) is taken off, over the floor. Writes DIR/targets.md and prints it.
@@ -91,25 +91,21 @@ def assess(bench: list[dict], nary: list[dict]) -> list[dict]:
             reference = bound if kind == "over_bound" else floor
             measured = t / reference
             met, required = measured <= goal, reference * goal
-        # the yardsticks are one-thread times: at two threads their halves are the least the
-        # machine's arithmetic allows
-        scale = 0.5 if int(cavs.get("threads") or 1) == 2 else 1.0
-        floor_here, bound_here = floor * scale, None if bound is None else bound * scale
-        limit = max(floor_here, bound_here or 0.0)
+        limit = max(floor, bound or 0.0)
         if met:
             verdict = "met"
-        elif required < floor_here:
+        elif required < floor:
             verdict = "unreachable here: asks for less than the GEMM floor"
-        elif bound_here is not None and required < bound_here:
+        elif bound is not None and required < bound:
             verdict = "unreachable here: asks for less than the frontier bound"
         elif required - construct < limit:
             verdict = "unreachable here unless graph construction is nearly free: with Cavs's, less than the " \
-                      + ("frontier bound" if bound_here is not None and bound_here > floor_here else "floor")
+                      + ("frontier bound" if bound is not None and bound > floor else "floor")
         else:
-            verdict = f"not met: needs Cavs at {required / floor_here:.2f}x the floor (now {t / floor_here:.2f}x)"
-        out.append({**row, "measured": measured, "cavs_s": t, "required_s": required, "floor_s": floor_here,
-                    "bound_s": bound_here, "construct_s": construct, "required_over_floor": required / floor_here,
-                    "budget_over_floor": (required - construct) / floor_here, "git_rev": cavs.get("git_rev", ""),
+            verdict = f"not met: needs Cavs at {required / floor:.2f}x the floor (now {t / floor:.2f}x)"
+        out.append({**row, "measured": measured, "cavs_s": t, "required_s": required, "floor_s": floor,
+                    "bound_s": bound, "construct_s": construct, "required_over_floor": required / floor,
+                    "budget_over_floor": (required - construct) / floor, "git_rev": cavs.get("git_rev", ""),
                     "verdict": verdict})
     return out
 

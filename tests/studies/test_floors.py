@@ -25,3 +25,18 @@ def test_nary_floor_counts_each_product_on_the_rows_that_have_its_input():
     H, E, C = 8, 6, 5
     words, inner, edges, labelled = 3, 1, 3, 3
     assert child_sum_macs([g], H, E, C) == 3 * (words * E * 4 * H + inner * H * 3 * H + edges * H * H + labelled * H * C)
+
+
+def test_a_library_is_timed_on_the_layouts_it_runs_and_skipped_on_the_others():
+    """oneDNN has no x^T dy: a list with such a product still times its other products with it, at
+    the thread count asked for (in the measuring process)."""
+    from cavs import blas
+    from experiments import floors
+    if "onednn" not in blas.available("float32"):
+        pytest.skip("oneDNN is not usable here")
+    products = [floors.Product("nn", 64, 32, 96), floors.Product("tn", 64, 32, 96)]
+    got = floors._time_products("onednn", [[p.layout, p.rows, p.inner, p.outer] for p in products], threads=2)
+    assert got["status"] == "ok" and got["seconds"][0] > 0 and got["seconds"][1] is None
+    timed = floors.time_products(products, libraries=("onednn", "openblas"))
+    assert timed["libraries"] == {"onednn": "ok", "openblas": "ok"}
+    assert timed["best"][products[1]][1] == "openblas"

@@ -15,7 +15,7 @@ RAY_ADDRESS ?=
 RUN_ARGS     = $(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS))
 EXP_ARGS     = $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(RUN_ARGS)
 
-.PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench nary targets task-cost bench-ci bench-ci-update gpu-check report clean-venv
+.PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench nary targets task-cost bench-ci bench-ci-update gpu-check report clean-venv torch-bench
 
 venv: $(STAMP)
 
@@ -57,6 +57,10 @@ bench: $(STAMP)
 nary: $(STAMP)
 	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies nary --results $$dir
 
+# engine.step against forward + a torch head + backward + a torch SGD step through cavs.torch: torch_module.csv
+torch-bench: $(STAMP)
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies torch_module --results $$dir
+
 # the speed targets against the floor and bound of bench.csv's and nary.csv's run: targets.md
 targets: $(STAMP)
 	@dir=$(RESULTS_DIR) && $(PY) -m experiments.studies targets --results $$dir
@@ -79,10 +83,15 @@ bench-ci: $(STAMP)
 bench-ci-update: $(STAMP)
 	$(PY) -m experiments.ci_bench update $(if $(RESULTS),--root $(RESULTS)) $(CI_ARGS)
 
-# on a GPU machine (CuPy and PyTorch preinstalled there): tests on CuPy + a short sweep into results/gpu
+# on a GPU machine, with its own python3 (CuPy, PyTorch), never .venv: the CuPy tests, then a sweep sized to
+# fit 8 minutes (experiments/gpu_check.py; `python3 -m experiments.gpu_check --dry-run` prints the plan),
+# then the figures; into results/gpu/ (results/gpu/<kind>/ where it holds another machine's). Goes on past
+# any failure; exits 1 if anything failed.
 gpu-check:
-	CAVS_BACKEND=cupy python3 -m pytest -q -x tests
-	python3 -m experiments run fig8 --profile gpu-quick --results results/gpu
+	@dir=$$(python3 -m experiments.gpu_check --results results/gpu --where); dir=$${dir:-results/gpu}; \
+	status=0; python3 -m experiments.gpu_check --results $$dir || status=1; \
+	for figure in fig8 ablation; do python3 -m plots $$figure --results $$dir || status=1; done; \
+	echo "gpu-check: results in $$dir (gpu_check.md)"; exit $$status
 
 # results/<kind>/REPORT.md for every kind directory (RESULTS=<dir>: that one only)
 report: $(STAMP)

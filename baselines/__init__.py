@@ -11,6 +11,7 @@ import importlib
 _REGISTRY = {
     "cavs":          ("baselines.cavs_system", "CavsSystem", {"policy": "batched"}),
     "cavs-serial":   ("baselines.cavs_system", "CavsSystem", {"policy": "serial"}),
+    "cavs-torch":    ("baselines.cavs_torch_system", "CavsTorchSystem", {}),   # SST through cavs.torch
     "dynet":         ("baselines.dynet_autobatch", "DynetSystem", {"autobatch": 1}),
     "dynet-depth":   ("baselines.dynet_autobatch", "DynetSystem", {"autobatch": 2}),
     "tensorflow":    ("baselines.tensorflow_unroll", "TensorflowSystem", {}),

@@ -15,7 +15,7 @@
 The paper's four models are built the same way: `cavs.models.build("tree_lstm", hidden=64)`.
 """
 from . import graphs, optim, readers
-from .engine import Engine
+from .engine import Engine, NonFiniteError
 from .graphs import Graph, InputError
 from .model import Batch, Model
 from .vertex import (TraceError, abs_ as abs, concat, dropout, exp, feature_mean, feature_sum, layer_norm,  # noqa: A004
@@ -23,6 +23,6 @@ from .vertex import (TraceError, abs_ as abs, concat, dropout, exp, feature_mean
 from . import models  # noqa: E402  (the models use the public API above)
 from .models import datasets, workloads  # noqa: E402  (the four workloads' data and sizes)
 
-__all__ = ["Engine", "Model", "Graph", "Batch", "InputError", "TraceError", "optim", "trace",
+__all__ = ["Engine", "NonFiniteError", "Model", "Graph", "Batch", "InputError", "TraceError", "optim", "trace",
            "concat", "sigmoid", "tanh", "relu", "exp", "log", "abs", "maximum", "minimum", "feature_sum",
            "feature_mean", "layer_norm", "dropout", "graphs", "readers", "models", "datasets", "workloads"]

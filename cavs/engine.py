@@ -165,11 +165,12 @@ class Engine:
         self._forwarded = batch
         return out
 
-    def backward(self, d_out) -> dict:
+    def backward(self, d_out, sparse: bool = False) -> dict:
         """The gradients of the last forward's outputs: `d_out` (batch.num_vertices, push width),
         rows as forward's. Returns {parameter name: gradient} on the engine's backend (the head's
         parameters, if any, are not in it), plus "inputs" (rows as forward's) when forward was
-        given inputs; an embedding's gradient is dense."""
+        given inputs; an embedding's gradient is dense, or with `sparse` a pair (rows, values):
+        the distinct rows read, sorted, and each one's summed gradient."""
         if getattr(self, "_forwarded", None) is None:
             raise RuntimeError("engine.backward needs a forward first (engine.forward(batch, ...))")
         t0 = time.perf_counter()
@@ -186,11 +187,16 @@ class Engine:
                 d_in[self.backend.index(self._sched.order)] = A[low.slot[low.dpull]][:n]
             grads["inputs"] = d_in
         elif EMBEDDING in self._params:
-            emb = self.xp.zeros_like(self._params[EMBEDDING])
             rows, g = self._row_grads()
-            if rows is not None:
-                emb[rows] = g
-            grads[EMBEDDING] = emb
+            if sparse:
+                grads[EMBEDDING] = (rows, g) if rows is not None else \
+                    (self.backend.index(np.zeros(0, dtype=np.int64)),
+                     self.xp.zeros((0, self._params[EMBEDDING].shape[1]), dtype=self.dtype))
+            else:
+                emb = self.xp.zeros_like(self._params[EMBEDDING])
+                if rows is not None:
+                    emb[rows] = g
+                grads[EMBEDDING] = emb
         self.backend.synchronize()
         self.timings.compute_s += time.perf_counter() - t0
         self._forwarded = None
@@ -317,6 +323,7 @@ class Engine:
         a gradient. `inputs` replace the pull table for this pass."""
         t0 = time.perf_counter()
         self._check_batch(batch)
+        self._forwarded = None               # this pass overwrites the buffers a pending backward reads
         self.backend.new_pass()             # parameters may have changed: packed weights are stale
         if self.backend.name == "numpy":
             self.backend.flush_denormals()   # this thread may not be the one that built the engine
@@ -350,9 +357,13 @@ class Engine:
         self._fill_sources(degree, train)
 
     def _check_batch(self, batch) -> None:
-        """A batch made by another model (another vertex function, sizes, head) is refused."""
+        """A batch made by another model (another vertex function, sizes, head) is refused; one made
+        without a model has its labels and tokens checked against this one (out of range, the loss
+        and the lookup would read past their tables)."""
         made_by = getattr(batch, "model", None)
-        if made_by is not None and made_by is not self.model and made_by.signature != self.model.signature:
+        if made_by is None:       # a Batch built by hand: its labels and tokens checked once, as make_batch does
+            batch.cached(("checked", self.model.signature), lambda: self.model._check(batch.forest))
+        elif made_by is not self.model and made_by.signature != self.model.signature:
             raise ValueError(f"this batch was made by model {made_by.describe()}, but this engine runs model "
                              f"{self.model.describe()}: make the batch with the engine's model "
                              f"(engine.model.make_batch)")
@@ -398,10 +409,11 @@ class Engine:
         xp = self.xp
         if not np.isfinite(loss):
             return False
-        total = sum(float(xp.vdot(g.ravel(), g.ravel())) for g in self._grads.values())
-        if row_grads is not None:
-            total += float(xp.vdot(row_grads.ravel(), row_grads.ravel()))
-        return bool(np.isfinite(total))
+        grads = [*self._grads.values(), *([] if row_grads is None else [row_grads])]
+        if np.isfinite(sum(float(xp.vdot(g.ravel(), g.ravel())) for g in grads)):
+            return True
+        # the squares' sum overflows (float32: from |g| ~ 1e19) before any gradient does
+        return all(bool(xp.isfinite(g).all()) for g in grads)
 
     def _fill_sources(self, degree, train: bool):
         """num_children: each vertex's degree; dropout masks: drawn anew for a training pass,

@@ -1,5 +1,5 @@
 """The loss outside F: softmax cross-entropy of `h Wout + bout` on the pushed outputs of the
-labelled vertices, summed over the batch (WORKLOADS.md), and its gradient, in one batched call.
+labelled vertices, summed over the batch (docs/workloads.md), and its gradient, in one batched call.
 
 The three products (logits = h W, dh = dlogits W^T, dW = h^T dlogits) are GEMMs through the
 backend. Between them, on the CPU, one generated Numba kernel walks the logits row by row:
@@ -58,15 +58,16 @@ def kernel(z, b, labels, scale, want_grad, db, bits, two_n):
     for r in range(n_rows):
         row = z[r]
         m = row[0] + b[0]
-        for j in range(c):
-            m = max(m, row[j] + b[j])
+        for j in range(c):           # the biased logits stored: the shift below subtracts m from the
+            row[j] += b[j]           # very numbers it is the max of (t <= 0 whatever the fast-math
+            m = max(m, row[j])       # reassociation; recomputing row + b - m gave t > 0 at |logits| ~ 1e25)
         if not math.isfinite(m):     # overflowed logits: no loss to report (the engine refuses the step)
             return math.nan
         y = labels[r]
-        picked = row[y] + b[y] - m
+        picked = row[y] - m
         s = F(0.0)
         for j in range(c):
-            t = max(row[j] + b[j] - m, F({floor}))
+            t = max(row[j] - m, F({floor}))
 {exp}
         total += max(math.log(s) - picked, 0.0)      # a cross-entropy, never below 0 by rounding
         if want_grad:

@@ -26,6 +26,7 @@ WORKLOAD_TITLES = {"fixed_lstm": "Fixed-LSTM", "var_lstm": "Var-LSTM", "tree_fc"
 SYSTEM_FACTS = {
     "cavs":        (None, True, False),          # numpy on CPU, CuPy on GPU
     "cavs-serial": (None, True, True),
+    "cavs-torch":  ("torch", False, False),       # the engine on numpy, head and embedding in torch (CPU)
     "dynet":       ("dynet", False, False),      # not installed on the GPU machine
     "dynet-depth": ("dynet", False, False),
     "tensorflow":  ("tensorflow", False, False),

@@ -9,6 +9,7 @@
   extrapolation  the cpu profile's extrapolated epochs against long measurements
   ray_walltime   one sweep's wall time with the local executor and on a local Ray cluster
   sst            SST sentiment trained to accuracy on Cavs, DyNet and PyTorch
+  torch_module   the engine's training step against the same step through cavs.torch (a torch head)
 
 Each is `main(results_dir, args)` with its options declared by `add_arguments(parser)`; one that
 measures in processes of its own has `cell(spec) -> dict`, which the dispatcher runs for

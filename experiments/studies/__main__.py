@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .. import launch
 
-STUDIES = ("bench", "nary", "task_cost", "targets", "startup", "policies", "extrapolation", "ray_walltime", "sst")
+STUDIES = ("bench", "nary", "task_cost", "targets", "startup", "policies", "extrapolation", "ray_walltime", "sst",
+           "torch_module")
 
 
 def main(argv=None) -> int:

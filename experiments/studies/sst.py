@@ -1,14 +1,17 @@
-"""SST sentiment trained to accuracy on Cavs, DyNet and PyTorch.
+"""SST sentiment trained to accuracy on Cavs, DyNet and PyTorch (and Cavs through cavs.torch).
 
     python -m experiments.studies sst --profile quick|cpu|paper --results DIR --systems cavs,dynet,pytorch
     python -m plots.sst --results DIR          # then the figure and summary (`make sst` runs both)
+    make sst SYSTEMS=cavs,cavs-torch           # the engine natively and as a torch module, side by side
 
 The docs/workloads.md Tree-LSTM (h = 150, embedding width 300, as Tai et al. 2015's constituency
 Tree-LSTM; the embeddings start random, pretrained vectors are not available here) trained on SST
 train with every vertex's label in the loss (mean over the batch's vertices), Adagrad lr 0.05 with
 L2 1e-4, batch size 25, no gradient clipping. Each system is the baselines/ one (Cavs, DyNet with
 autobatching, PyTorch one vertex at a time) with the Adagrad option: baselines/base.py has the
-exact rule, and each system's module how it follows it.
+exact rule, and each system's module how it follows it. `cavs-torch` (not run by default) is the
+same engine as a cavs.torch.VertexModule with a torch embedding, head and torch.optim.Adagrad
+(baselines/cavs_torch_system.py): the native run's steps, through PyTorch.
 After each epoch: root accuracy on dev, fine-grained (5 classes) and binary (the 5-class
 distribution collapsed, P(0)+P(1) against P(3)+P(4), over the dev trees whose gold root label is
 not 2). At the end: test accuracy with the parameters of the best dev epoch (fine-grained).
@@ -46,7 +49,8 @@ import numpy as np
 from .. import environment, launch
 from ..results import read_rows
 
-SYSTEMS = ("cavs", "dynet", "pytorch")
+SYSTEMS = ("cavs", "dynet", "pytorch", "cavs-torch")
+DEFAULT_SYSTEMS = ("cavs", "dynet", "pytorch")
 CLASSES = 5
 COLUMNS = (
     "system", "epoch", "epoch_fraction", "trees", "train_s", "eval_s", "cum_train_s", "wall_s",
@@ -288,7 +292,8 @@ def configs(profile: Profile, systems: list[str], overrides: dict) -> list[Confi
 
 def add_arguments(p) -> None:
     p.add_argument("--profile", choices=list(PROFILES), default="cpu", help="quick | cpu | paper (default cpu)")
-    p.add_argument("--systems", type=_csv_list, default=list(SYSTEMS), help="comma-separated (default: all three)")
+    p.add_argument("--systems", type=_csv_list, default=list(DEFAULT_SYSTEMS),
+                   help=f"comma-separated, of {', '.join(SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})")
     p.add_argument("--threads", type=_threads, default=1, help="compute threads per system (default 1)")
     p.add_argument("--epochs", type=int, help="epochs of the full runs (default: the profile's)")
     p.add_argument("--partial-trees", type=int, help="trees per epoch of the partial systems (PyTorch)")

@@ -56,3 +56,12 @@ def test_child_attention():
                                              "--epochs", "3"])
     assert np.isfinite(losses).all()
     assert losses[-1] < losses[0]
+
+
+def test_torch_head(capsys):
+    pytest.importorskip("torch")
+    losses = run_example("torch_head", ["--trees", "32", "--sst-trees", "40", "--dev-trees", "10", "--batch-size", "8",
+                                        "--hidden", "8", "--embed", "8", "--epochs", "3"])
+    for part in ("regression", "sst"):
+        assert np.isfinite(losses[part]).all() and losses[part][-1] < losses[part][0], (part, losses[part])
+    assert "dev root accuracy (fine-grained, 10 trees)" in capsys.readouterr().out

@@ -62,7 +62,7 @@ def test_dynet_steps_match_pytorch(trees, reference):
     np.testing.assert_allclose(dynet.predict(dynet.prepare(dev)), theirs.predict(theirs.prepare(dev)), atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["cavs", "pytorch", pytest.param("dynet", marks=needs_dynet)])
+@pytest.mark.parametrize("name", ["cavs", "pytorch", "cavs-torch", pytest.param("dynet", marks=needs_dynet)])
 def test_unused_embedding_rows_untouched(name, trees):
     """Rows no tree of a batch looked up get no decay and no update (sparse Adagrad)."""
     dtype = "float32"
@@ -130,3 +130,21 @@ def test_harness_end_to_end(tmp_path):
         assert (tmp_path / "figures" / name).stat().st_size > 0
     if HAVE_DYNET:
         assert "faster to it" in (tmp_path / "figures" / "sst.md").read_text()
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float32", 2e-5), ("float64", 1e-10)])
+def test_cavs_through_torch_takes_the_native_engines_steps(trees, dtype, rtol):
+    """cavs-torch (the engine as a cavs.torch module, a torch embedding, head and Adagrad) from the
+    same weights: the native engine's losses; in float64 its parameters and predictions too (in
+    float32, Adagrad's first steps, ~lr * sign(g), amplify the rounding of gradients near 0)."""
+    pytest.importorskip("torch")
+    native, cavs = _run("cavs", trees, dtype)
+    losses, through_torch = _run("cavs-torch", trees, dtype)
+    np.testing.assert_allclose(losses, native, rtol=rtol)
+    if dtype == "float64":
+        mine, theirs = through_torch.get_params(), cavs.get_params()
+        for name in theirs:
+            np.testing.assert_allclose(mine[name], theirs[name], rtol=1e-7, atol=1e-9, err_msg=name)
+        dev = list(load_samples("tree_lstm", "dev", limit=7))
+        np.testing.assert_allclose(through_torch.predict(through_torch.prepare(dev)), cavs.predict(cavs.prepare(dev)),
+                                   rtol=1e-8, atol=1e-12)

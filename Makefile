@@ -49,9 +49,10 @@ sst: $(STAMP)
 # the engine's speed against DyNet, TensorFlow, PyTorch by level and the GEMM floor
 # THREADS=2: every system at one and at two compute threads, in the same run
 THREADS     ?= 1
+comma       := ,
 bench: $(STAMP)
 	@dir=$(RESULTS_DIR) && echo "results in $$dir" && CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies bench --results $$dir \
-		$(if $(filter-out 1,$(THREADS)),--threads 1,$(THREADS))
+		$(if $(filter-out 1,$(THREADS)),--threads 1$(comma)$(THREADS))
 
 # the child-sum Tree-LSTM on n-ary trees, on edges and on child slots, against DyNet and the floor: nary.csv
 nary: $(STAMP)

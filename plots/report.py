@@ -148,25 +148,31 @@ SWEEPS = (
 )
 
 STUDIES = (
-    Study("bench", "The engine against DyNet, PyTorch by level and the GEMM floor",
-          "Cavs, DyNet and PyTorch batched by level on the first SST training trees (Tree-LSTM) and PTB "
-          "sentences (Var-LSTM), each system in its own process, interleaved rounds, the fastest kept. "
-          "The floor is the workload's multiply-adds at the run's fastest single-thread GEMM rate; the "
-          "frontier bound times the loop's own product shapes.",
-          {"workload": "workload", "hidden": "h", "samples": "samples", "system": "system",
+    Study("bench", "The engine against DyNet, PyTorch by level, TensorFlow and the GEMM floor",
+          "Cavs (and its switch variants), DyNet, PyTorch batched by level (Tree-LSTM) and TensorFlow "
+          "(Var-LSTM) on the first SST training trees and PTB sentences, each system in its own process, "
+          "interleaved rounds, the fastest kept, at each thread count of the run. The floor is the "
+          "products the workload needs, each at the fastest installed library's time on its shape at "
+          "that thread count; the frontier bound times the loop's own product shapes the same way.",
+          {"workload": "workload", "hidden": "h", "system": "system", "threads": "threads",
            "total_s": "time (s)", "cavs_speedup": "system / Cavs", "floor_s": "floor (s)",
            "frontier_bound_s": "frontier bound (s)", "over_floor": "/ floor",
-           "over_frontier_bound": "/ bound", "matmul_gflops": "GEMM GFLOP/s"},
-          {"cavs_speedup": _times, "over_floor": _times, "over_frontier_bound": _times}),
+           "over_frontier_bound": "/ bound", "thread_speedup": "over own 1 thread",
+           "best_gemm_gflops": "best GEMM GFLOP/s"},
+          {"cavs_speedup": _times, "over_floor": _times, "over_frontier_bound": _times,
+           "thread_speedup": _times}),
     Study("nary", "Variable arity: a child-sum Tree-LSTM on n-ary trees",
-          "The child-sum Tree-LSTM of examples/child_sum_tree_lstm.py on SST trees merged into n-ary trees, "
-          "Cavs against DyNet with autobatching, 32 child slots against 4 on trees that fit both, and a "
-          "Cavs cell whose batches are built before the clock (`cavs-prebuilt`), each beside the floor of "
-          "the products the model needs.",
-          {"cell": "cell", "arity": "arity", "trees": "trees", "vertices": "vertices", "best_s": "time (s)",
-           "trees_per_s": "trees / s", "construct_s": "construction (s)", "floor_s": "floor (s)",
-           "over_floor": "/ floor", "last_loss": "loss"},
-          {"over_floor": _times}),
+          "The child-sum Tree-LSTM of cavs/models/child_sum.py (h = 256, embedding 128, bs = 64) on SST "
+          "trees merged into n-ary trees: the edge form (`children()`) against the slot form (22 child "
+          "slots) and DyNet with autobatching, the edge form with its batches built before the clock "
+          "(`cavs-prebuilt`), and synthetic sets with the same number of edges at maximum degree 4, 32 "
+          "and 256 (time per edge, first step with compilation), each beside the floor of the products "
+          "the model needs.",
+          {"cell": "cell", "trees": "trees", "max_degree": "max degree", "edges": "edges",
+           "best_s": "time (s)", "construct_s": "construction (s)", "per_edge_us": "µs / edge",
+           "first_step_s": "first step (s)", "floor_s": "floor (s)", "over_floor": "/ floor",
+           "over_frontier_bound": "/ bound", "last_loss": "loss"},
+          {"over_floor": _times, "over_frontier_bound": _times}),
     Study("task_cost", "Where a Tree-LSTM epoch goes, per loop task",
           "One Tree-LSTM epoch (512 SST trees, bs = 64, one thread) split into graph construction, the "
           "products and the rest of the compute, with the loop tasks and kernel launches counted; "
@@ -219,6 +225,14 @@ STUDIES = (
            "cum_train_s": "cum. train (s)", "train_loss": "train loss", "dev_fine": "dev fine",
            "dev_binary": "dev binary", "test_fine": "test fine", "test_binary": "test binary"},
           {"dev_fine": _pct, "dev_binary": _pct, "test_fine": _pct, "test_binary": _pct}),
+    Study("torch_module", "The engine inside PyTorch: cavs.torch against engine.step",
+          "The Tree-LSTM (embedding 300, 5 classes) on the first 512 SST training trees, bs = 64, one "
+          "thread: `engine.step` with the built-in head and SGD against the same step through "
+          "cavs.torch.VertexModule with a torch head, F.cross_entropy, loss.backward() and torch.optim.SGD, "
+          "from the same weights (the same losses), interleaved rounds, the fastest kept.",
+          {"cell": "cell", "hidden": "h", "best_s": "time (s)", "step_ms": "ms / step",
+           "module_over_engine": "module / engine", "first_loss": "first loss", "last_loss": "last loss"},
+          {"module_over_engine": _times}),
     Study("targets", "The speed targets against the floor",
           "The engine-speed targets the project set itself, each turned into the Cavs time it asks for "
           "and set beside the floor and frontier bound of the same run (derived from bench.csv and "

@@ -12,6 +12,7 @@ import functools
 import itertools
 
 import numpy as np
+import pytest
 
 import cavs
 from cavs.models import child_sum
@@ -89,6 +90,23 @@ def compare(got, want, rtol: float = 1e-9, gtol: float = 1e-7):
         err = float(np.abs(np.asarray(grads[k]) - g).max()) / scale
         assert err <= gtol, f"d{k}: relative error {err:.2e} > {gtol}"
 
+
+
+def check_training_steps(name: str) -> None:
+    """SGD (clipped) and Adagrad steps, the sparse embedding update and predict's softmax on the
+    CuPy backend (fused) equal the NumPy backend's (NumPy's matmul), two steps each."""
+    model, samples = case(name)
+    batch = model.make_batch(samples)
+    for make in (lambda: None, lambda: cavs.optim.Adagrad(lr=0.1, weight_decay=1e-3)):
+        engines = [cavs.Engine(model, backend=b, optimizer=make(), fusion=b == "cupy",
+                               **({"blas": "numpy"} if b == "numpy" else {})) for b in ("numpy", "cupy")]
+        for _ in range(2):
+            losses = [e.step(batch) for e in engines]
+            assert losses[1] == pytest.approx(losses[0], rel=1e-9)
+        for k in engines[0].params:
+            np.testing.assert_allclose(engines[1].params[k], engines[0].params[k], rtol=1e-8, atol=1e-10)
+        for got, want in zip(engines[1].predict(batch), engines[0].predict(batch)):
+            np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12)
 
 # ---------------------------------------------------------------- every expression template, alone
 

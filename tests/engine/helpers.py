@@ -117,25 +117,36 @@ def topological(children):
     return order
 
 
-def reference_forward(graphs, P, reduction="mean"):
-    """Child-sum Tree-LSTM (Tai et al. 2015) per graph, vertex by vertex, in PyTorch: the loss
-    over the labelled vertices and the softmax per vertex (rows in the graph's vertex order)."""
+def child_sum_states(graph, P, rows):
+    """Child-sum Tree-LSTM (Tai et al. 2015) over one graph, vertex by vertex, in PyTorch: every
+    vertex's h, rows in the graph's vertex order; `rows(graph, v)` is vertex v's input."""
     hidden = P["Uf"].shape[0]
+    kids = [[int(c) for c in row if c >= 0] for row in graph.children]
+    hs, cs = {}, {}
+    for v in topological(kids):
+        x = rows(graph, v)
+        h_sum = sum((hs[k] for k in kids[v]), torch.zeros(hidden, dtype=torch.float64))
+        i, o, u = (x @ P["W"] + h_sum @ P["U"] + P["b"]).split(hidden)
+        fx = x @ P["Wf"] + P["bf"]
+        c = torch.sigmoid(i) * torch.tanh(u)
+        for k in kids[v]:
+            c = c + torch.sigmoid(fx + hs[k] @ P["Uf"]) * cs[k]
+        hs[v], cs[v] = torch.sigmoid(o) * torch.tanh(c), c
+    return torch.stack([hs[v] for v in range(graph.num_vertices)])
+
+
+def embedded(P):
+    """rows(graph, v) for child_sum_states: the embedding's row of v's token, zeros without one."""
+    zero = torch.zeros(P["W"].shape[0], dtype=torch.float64)
+    return lambda g, v: P["emb"][int(g.tokens[v])] if g.tokens[v] >= 0 else zero
+
+
+def reference_forward(graphs, P, reduction="mean"):
+    """The child-sum Tree-LSTM per graph in PyTorch, with its softmax head: the loss over the
+    labelled vertices and the softmax per vertex (rows in the graph's vertex order)."""
     total, count, probs = 0.0, 0, []
     for g in graphs:
-        kids = [[int(c) for c in row if c >= 0] for row in g.children]
-        hs, cs = {}, {}
-        for v in topological(kids):
-            tok = int(g.tokens[v])
-            x = P["emb"][tok] if tok >= 0 else torch.zeros(P["W"].shape[0], dtype=torch.float64)
-            h_sum = sum((hs[k] for k in kids[v]), torch.zeros(hidden, dtype=torch.float64))
-            i, o, u = (x @ P["W"] + h_sum @ P["U"] + P["b"]).split(hidden)
-            fx = x @ P["Wf"] + P["bf"]
-            c = torch.sigmoid(i) * torch.tanh(u)
-            for k in kids[v]:
-                c = c + torch.sigmoid(fx + hs[k] @ P["Uf"]) * cs[k]
-            hs[v], cs[v] = torch.sigmoid(o) * torch.tanh(c), c
-        logits = torch.stack([hs[v] for v in range(g.num_vertices)]) @ P["Wout"] + P["bout"]
+        logits = child_sum_states(g, P, embedded(P)) @ P["Wout"] + P["bout"]
         probs.append(torch.softmax(logits, dim=1).detach().numpy())
         labels = torch.as_tensor(np.asarray(g.labels))
         keep = labels >= 0

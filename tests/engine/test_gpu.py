@@ -84,18 +84,7 @@ def test_float32_equals_numpy(name):
 
 @pytest.mark.parametrize("name", ["tree_lstm", "child_sum_edges"])
 def test_training_steps_and_predictions_equal_numpy(name):
-    model, samples, _ = _case(name)
-    batch = model.make_batch(samples)
-    for make in (lambda: None, lambda: cavs.optim.Adagrad(lr=0.1, weight_decay=1e-3)):
-        engines = [cavs.Engine(model, backend=b, optimizer=make(), fusion=b == "cupy",
-                               **({"blas": "numpy"} if b == "numpy" else {})) for b in ("numpy", "cupy")]
-        for _ in range(2):
-            losses = [e.step(batch) for e in engines]
-            assert losses[1] == pytest.approx(losses[0], rel=1e-9)
-        for k in engines[0].params:
-            np.testing.assert_allclose(engines[1].params[k], engines[0].params[k], rtol=1e-8, atol=1e-10)
-        for got, want in zip(engines[1].predict(batch), engines[0].predict(batch)):
-            np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12)
+    G.check_training_steps(name)
 
 
 FULL = ("tree_lstm", "child_sum_edges", "every_op", "fixed_lstm", "var_lstm", "tree_fc", "child_sum_slots",

@@ -14,7 +14,8 @@ import pytest
 import cavs
 from cavs import tanh
 from cavs.models import child_sum
-from tests.engine.helpers import E, H, V, assert_close, dag, nary_trees, topological
+from tests.engine import helpers
+from tests.engine.helpers import E, H, V, assert_close, dag, nary_trees
 
 torch = pytest.importorskip("torch")
 import cavs.torch  # noqa: E402
@@ -52,21 +53,7 @@ def lookup(embedding, batch):
 
 def child_sum_states(gs, P, rows):
     """Every vertex's h, graph after graph (the batch's row order); `rows(g, v)` is its input."""
-    out = []
-    for g in gs:
-        kids = [[int(c) for c in row if c >= 0] for row in g.children]
-        hs, cs = {}, {}
-        for v in topological(kids):
-            x = rows(g, v)
-            h_sum = sum((hs[k] for k in kids[v]), torch.zeros(H, dtype=F64))
-            i, o, u = (x @ P["W"] + h_sum @ P["U"] + P["b"]).split(H)
-            fx = x @ P["Wf"] + P["bf"]
-            c = torch.sigmoid(i) * torch.tanh(u)
-            for k in kids[v]:
-                c = c + torch.sigmoid(fx + hs[k] @ P["Uf"]) * cs[k]
-            hs[v], cs[v] = torch.sigmoid(o) * torch.tanh(c), c
-        out.append(torch.stack([hs[v] for v in range(g.num_vertices)]))
-    return torch.cat(out)
+    return torch.cat([helpers.child_sum_states(g, P, rows) for g in gs])
 
 
 def copy(t):
@@ -107,8 +94,7 @@ def test_the_engines_own_embedding_gets_its_gradient(sparse):
     out = enc(batch)
     (out[batch.roots] ** 2).sum().backward()
     P = {k: copy(p) for k, p in enc.named_parameters()}
-    zero = torch.zeros(E, dtype=F64)
-    h = child_sum_states(gs, P, lambda g, v: P["emb"][int(g.tokens[v])] if g.tokens[v] >= 0 else zero)
+    h = child_sum_states(gs, P, helpers.embedded(P))
     (h[batch.roots] ** 2).sum().backward()
     got = enc.emb.grad
     assert got.is_sparse is sparse

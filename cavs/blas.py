@@ -251,20 +251,32 @@ def make(name: str):
 
 class Gemm:
     """out = a @ b (+ bias), or out += a @ b, by the library chosen for the product's key; with
-    several threads, all of them from one thread pool (`pool`)."""
+    several threads, all of them from one thread pool (`pool`).
+
+    A library that packs its weight (oneDNN) pays the packing once per pass for all products of
+    that weight, whatever their row counts, so whether it pays off depends on how many products a
+    pass makes with that weight at which row counts. Given the measured `times` ({key: {library:
+    seconds}}) and `packs` ({key: {library: packing seconds}}), the choice is made anew at each
+    new_pass() from the products the previous pass made (counted per key): per weight, the
+    cheaper of the best library per key without packing, and the best per key with the packing
+    paid once. Until a pass has been counted, `choice` holds the static one (blas.choose)."""
 
     def __init__(self, libraries: dict, choice: dict, default: str, forced: str | None = None,
-                 pool: str | None = None, threads: int = 1):
+                 pool: str | None = None, threads: int = 1, times: dict | None = None, packs: dict | None = None):
         self.libraries, self.choice, self.default, self.forced = libraries, choice, default, forced
         self.pool, self.threads = pool, threads
+        self.static_choice = dict(choice)
+        self._times, self._packs = times or {}, packs or {}
+        self._counts: dict = {}
 
     @property
     def name(self) -> str:
-        """'onednn' (forced), or 'auto: onednn 14, openblas 4' (how many keys each library won)."""
+        """'onednn' (forced), or 'auto: onednn 14, openblas 4' (how many keys each library won, as
+        chosen before the first pass)."""
         if self.forced:
             return self.forced
         won = {}
-        for lib in self.choice.values():
+        for lib in self.static_choice.values():
             won[lib] = won.get(lib, 0) + 1
         pool = f" ({self.pool} pool, {self.threads} threads)" if self.threads > 1 else ""
         return ("auto: " + ", ".join(f"{k} {v}" for k, v in sorted(won.items(), key=lambda kv: -kv[1])) \
@@ -274,6 +286,9 @@ class Gemm:
         for lib in self.libraries.values():
             if hasattr(lib, "new_pass"):
                 lib.new_pass()
+        if self._counts and self._times:
+            self.choice.update(per_pass_choice(self._counts, self._times, self._packs))
+        self._counts = {}
 
     def __call__(self, out, a, b, accumulate: bool = False, bias=None):
         layout = layout_of(a, b)
@@ -282,8 +297,41 @@ class Gemm:
             if layout is None or not lib.supports(out.dtype, layout):
                 lib = self.libraries[self.default]          # e.g. oneDNN has no x^T dy
             return lib.gemm(out, a, b, accumulate, bias)
-        lib = self.choice.get(key_of(layout, a, b), self.default) if layout else self.default
-        self.libraries[lib].gemm(out, a, b, accumulate, bias)
+        if layout is None:
+            return self.libraries[self.default].gemm(out, a, b, accumulate, bias)
+        key = key_of(layout, a, b)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        self.libraries[self.choice.get(key, self.default)].gemm(out, a, b, accumulate, bias)
+
+
+def per_pass_choice(counts: dict, times: dict, packs: dict) -> dict:
+    """{key: library} for a pass that makes counts[key] products of each key: per weight (layout,
+    inner, outer), the least total time, a packing library's packing paid once if any of the
+    weight's keys use it."""
+    by_weight: dict = {}
+    for k, n in counts.items():
+        if k in times:
+            by_weight.setdefault((k[0], k[2], k[3]), []).append((k, n))
+    choice = {}
+    for keys in by_weight.values():
+        packing = {lib for k, _ in keys for lib in packs.get(k, {})}
+        best_plan, best_cost = None, float("inf")
+        for allowed in [None] + sorted(packing):          # None: no packing library
+            plan, cost, packed = {}, 0.0, False
+            for k, n in keys:
+                ts = {lib: t for lib, t in times[k].items() if lib not in packing or lib == allowed}
+                if not ts:
+                    break
+                lib = min(ts, key=ts.get)
+                plan[k], cost = lib, cost + n * ts[lib]
+                packed |= lib == allowed
+            else:
+                if packed:
+                    cost += min(packs[k][allowed] for k, _ in keys if allowed in packs.get(k, {}))
+                if cost < best_cost:
+                    best_plan, best_cost = plan, cost
+        choice.update(best_plan or {})
+    return choice
 
 
 # libraries that share one thread pool: with several threads, the engine multiplies in one pool
@@ -495,8 +543,10 @@ def choose(keys, dtype, threads: int | None = None, blas: str | None = None, use
                        for k in keys)
         pool = min(POOLS, key=total)
     candidates = tags(pool)
-    choice = {}
+    choice, times, packs = {}, {}, {}
     for k in keys:
         ts = {t: effective(k, t) for t in candidates if t in cached[k]}
         choice[k] = candidates[min(ts, key=ts.get)] if ts else default
-    return Gemm(libraries, choice, default, pool=pool, threads=threads)
+        times[k] = {candidates[t]: cached[k][t] for t in candidates if t in cached[k]}
+        packs[k] = {candidates[t]: cached[k][f"pack:{t}"] for t in candidates if f"pack:{t}" in cached[k]}
+    return Gemm(libraries, choice, default, pool=pool, threads=threads, times=times, packs=packs)

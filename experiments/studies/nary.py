@@ -25,7 +25,8 @@ default; experiments/cell.py). Cells:
                  of 2,048) and a maximum degree of 4, 32 and 256: each tree is a root with d children,
                  each of them with 3 leaves (3 levels; words on the leaves, labels everywhere), so the
                  batches have the same tasks and rows and differ in the degree; run with an empty
-                 kernel cache, so that `first_step_s` includes compiling the kernels
+                 kernel cache, so that `first_step_s` includes compiling the kernels (the GEMM
+                 choices, cavs/blas.py, are the machine's, copied from the warm cache)
 
 Each cell runs in its own one-thread process (launch.run); one warm-up batch is stepped untimed
 (it also compiles Cavs's kernels); then `--passes` (2) passes over all batches, the fastest kept;
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -227,6 +229,11 @@ def measure(name: str, args) -> dict:
     if CELLS[name][2] != "sst":          # the degree sweep compiles its kernels in the first step
         cache = tempfile.mkdtemp(prefix="cavs-nary-cold-")
         environ = {**os.environ, "CAVS_KERNEL_CACHE": cache}
+        # but multiplies with the machine's measured GEMM choices, as the other cells do: measured
+        # anew in each cell, their noise alone set the degrees apart (by up to 1.18x per edge)
+        from cavs.fusion import kernel_cache_dir
+        for choices in (kernel_cache_dir() or Path(cache)).glob("blas-*.json"):
+            shutil.copy(choices, cache)
     return {"cell": name, **launch.run("experiments.studies", ["nary", "--cell", json.dumps(spec)],
                                        time_limit_s=args.timeout, environ=environ)}
 

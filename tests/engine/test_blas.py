@@ -138,3 +138,23 @@ def test_every_choice_gives_the_same_training(cache):
         assert loss == pytest.approx(ref[0], rel=1e-5)
         for k, g in grads.items():
             np.testing.assert_allclose(g, ref[1][k], rtol=1e-3, atol=1e-5, err_msg=f"{name}: {k}")
+
+
+def test_packing_is_paid_once_per_weight_and_pass():
+    """A packing library wins a weight when its savings over the pass's products of that weight
+    exceed one packing, not one share of it per product; the next pass uses the counted choice."""
+    small, large = ("nn", 1, 8, 3), ("nn", 64, 8, 3)
+    times = {small: {"openblas": 3.0, "onednn": 1.0}, large: {"openblas": 10.0, "onednn": 9.0}}
+    packs = {small: {"onednn": 5.0}, large: {"onednn": 5.0}}
+    # one small and one large product: saving 3 < packing 5, no packing library
+    assert blas.per_pass_choice({small: 1, large: 1}, times, packs) == {small: "openblas", large: "openblas"}
+    # four small ones: saving 4 * 2 + 1 = 9 > 5, oneDNN for both (the packing is shared)
+    assert blas.per_pass_choice({small: 4, large: 1}, times, packs) == {small: "onednn", large: "onednn"}
+    gemm = blas.Gemm({"openblas": blas.make("numpy"), "onednn": blas.make("numpy")}, {small: "openblas", large: "openblas"},
+                     "openblas", times=times, packs=packs)
+    x, w, out = np.ones((1, 8), np.float32), np.ones((8, 3), np.float32), np.empty((1, 3), np.float32)
+    for _ in range(4):
+        gemm(out, x, w)
+    np.testing.assert_array_equal(out, 8.0)
+    gemm.new_pass()
+    assert gemm.choice[small] == "onednn" and gemm.name == "auto: openblas 2"    # the name: the static choice

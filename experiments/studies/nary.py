@@ -30,7 +30,7 @@ default; experiments/cell.py). Cells:
 
 Each cell runs in its own one-thread process (launch.run); one warm-up batch is stepped untimed
 (it also compiles Cavs's kernels); then `--passes` (4) passes over all batches, the fastest kept;
-the cells run in `--rounds` (3) interleaved rounds, each cell keeping its fastest round. Graph
+the cells run in `--rounds` (5) interleaved rounds, each cell keeping its fastest round. Graph
 construction is included: Cavs's `model.make_batch` (checks, levels, schedule) and DyNet's
 per-batch expression graph are inside the timed step; `construct_s` reports that part alone.
 The floor (`floor_s`, per cell's trees): the products the model needs (floors.child_sum_products),
@@ -83,7 +83,7 @@ def add_arguments(ap) -> None:
     ap.add_argument("--embed", type=int, default=128, help="embedding width (default 128)")
     ap.add_argument("--batch-size", type=int, default=64, help="SST trees per step (default 64)")
     ap.add_argument("--passes", type=int, default=4, help="timed passes per cell process (fastest kept; 2 left the degree cells 1.2-1.4x apart on a noisy VM)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the cells (fastest kept)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds over the cells (fastest kept)")
     ap.add_argument("--cells", type=cell_names, default=list(CELLS), help=f"comma-separated, of {', '.join(CELLS)}")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
     ap.add_argument("--check", action="store_true", help="print Cavs's and DyNet's losses (JSON) and exit")

@@ -94,6 +94,7 @@ class Engine:
                             self.counters, self.timings)
         self.forward_phases, self.backward_phases = self._low.forward_phases, self._low.backward_phases
         self.phase_of = self._low.phase_of
+        self._action_cache = {}           # task signature -> actions (support.actions), for this F and dF
         if self.backend.name == "numpy":
             # Numba's start-up and the kernels (from the on-disk cache, or compiled) now, at
             # construction, not in the first step
@@ -332,7 +333,8 @@ class Engine:
         be, key = self.backend.name, (self.policy, id(self.model), mode, pull_all)
         self._sched = sched = batch.schedule(self.policy)
         low = self._low
-        act = batch.cached(("actions", *key), lambda: actions(self.model.F, self.model.dF, sched, mode, pull_all))
+        act = batch.cached(("actions", *key), lambda: actions(self.model.F, self.model.dF, sched, mode, pull_all,
+                                                              cache=self._action_cache))
         low.batch = planning.BatchPlans(
             sched, batch.cached(("plans", self.policy, be), lambda: MessagePlans(sched, self.backend))
             if self.model.F.uses_slots else None,

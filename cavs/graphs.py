@@ -218,24 +218,55 @@ class Forest:
 
 def edge_levels(n: int, parent: np.ndarray, child: np.ndarray) -> np.ndarray:
     """`levels` from an edge list: the longest path from a leaf to each vertex (leaves 0), -1 on or
-    above a cycle; one pass over the edges whose child was placed last (Kahn's algorithm)."""
-    level = np.full(n, -1, dtype=np.int64)
-    pending = np.bincount(parent, minlength=n)           # children not yet placed
-    frontier = np.flatnonzero(pending == 0)
-    level[frontier] = 0
-    by_child = np.argsort(child, kind="stable")
-    child_sorted, parent_by_child = child[by_child], parent[by_child]
-    start = np.searchsorted(child_sorted, np.arange(n + 1))    # the edges of child v: start[v]..start[v+1]
-    depth = 0
-    while len(frontier):
-        depth += 1
-        counts = start[frontier + 1] - start[frontier]
-        picked = np.repeat(start[frontier] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-        parents = parent_by_child[picked]
-        np.subtract.at(pending, parents, 1)
-        frontier = np.unique(parents[pending[parents] == 0])
-        level[frontier] = depth
-    return level
+    above a cycle (Kahn's algorithm: a vertex is placed when its last child is, one level above
+    its highest child). One compiled pass over the edges: the NumPy version's frontier by
+    frontier was a sixth of a Tree-LSTM batch's construction."""
+    parent = np.ascontiguousarray(parent, dtype=np.int64)
+    child = np.ascontiguousarray(child, dtype=np.int64)
+    return _kahn_levels()(int(n), parent, child)
+
+
+@functools.lru_cache(maxsize=None)
+def _kahn_levels():
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def kahn_levels(n, parent, child):
+        level = np.full(n, -1, dtype=np.int64)
+        highest = np.zeros(n, dtype=np.int64)      # 1 + the highest level among a vertex's placed children
+        pending = np.zeros(n, dtype=np.int64)      # children not yet placed
+        start = np.zeros(n + 1, dtype=np.int64)    # the edges of child v: by_child[start[v]:start[v + 1]]
+        for e in range(len(parent)):
+            pending[parent[e]] += 1
+            start[child[e] + 1] += 1
+        for v in range(n):
+            start[v + 1] += start[v]
+        fill = start[:-1].copy()
+        by_child = np.empty(len(parent), dtype=np.int64)
+        for e in range(len(parent)):
+            by_child[fill[child[e]]] = e
+            fill[child[e]] += 1
+        queue = np.empty(n, dtype=np.int64)
+        tail = 0
+        for v in range(n):
+            if pending[v] == 0:
+                level[v] = 0
+                queue[tail] = v
+                tail += 1
+        head = 0
+        while head < tail:
+            v = queue[head]
+            head += 1
+            for i in range(start[v], start[v + 1]):
+                p = parent[by_child[i]]
+                highest[p] = max(highest[p], level[v] + 1)
+                pending[p] -= 1
+                if pending[p] == 0:
+                    level[p] = highest[p]
+                    queue[tail] = p
+                    tail += 1
+        return level
+    return kahn_levels
 
 
 def _check_slots(graphs, stacked, owner, offsets, sizes, arity) -> None:

@@ -29,17 +29,37 @@ def _any_per_task(rows_mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return np.add.reduceat(rows_mask.astype(np.int64), bounds[:-1]) > 0
 
 
-def actions(F, dF, sched, mode: str = "train", pull_all: bool = False) -> dict:
+def actions(F, dF, sched, mode: str = "train", pull_all: bool = False, cache: dict | None = None) -> dict:
     """{node: int8 array over tasks of SKIP / ZERO / COMPUTE / PASS + k} for every node that
     does work. `mode` "train": push is read where a label is (the built-in head's loss);
     "predict": at every vertex; "boundary" (engine.forward / backward): at every vertex, and
-    every vertex's output may get a gradient. `pull_all`: every vertex pulls (caller's inputs)."""
+    every vertex's output may get a gradient. `pull_all`: every vertex pulls (caller's inputs).
+
+    A task's actions depend only on its signature: whether it has a word, a label, edges, and a
+    child in each slot F gathers. A batch has a few distinct signatures (leaves, inner vertices,
+    ...), so the walk over F and dF runs once per distinct signature, and with `cache` (a dict
+    the caller keeps for one F and dF) once per signature ever seen."""
     T = sched.num_tasks
-    every = np.ones(T, dtype=bool)
-    has_pull = every if pull_all else _any_per_task(sched.tokens >= 0, sched.bounds)
-    has_label = _any_per_task(sched.labels >= 0, sched.bounds)
+    slots = sorted({n.attrs["k"] for n in F.nodes + dF.nodes if n.op in ("gather", "scatter_grad_child")})
     has_child = _PerSlot(sched)
-    has_edges = np.diff(sched.edge_bounds) > 0
+    signals = np.stack([np.ones(T, dtype=bool) if pull_all else _any_per_task(sched.tokens >= 0, sched.bounds),
+                        _any_per_task(sched.labels >= 0, sched.bounds), np.diff(sched.edge_bounds) > 0]
+                       + [has_child[k] for k in slots])
+    kinds, inverse = np.unique(signals, axis=1, return_inverse=True)
+    key = (mode, pull_all, kinds.tobytes(), kinds.shape)
+    act = None if cache is None else cache.get(key)
+    if act is None:
+        act = _actions_of(F, dF, kinds, dict(zip(slots, kinds[3:])), mode)
+        if cache is not None:
+            cache[key] = act
+    inverse = inverse.reshape(-1)
+    return {n: a[inverse] for n, a in act.items()}
+
+
+def _actions_of(F, dF, signals: np.ndarray, has_child: dict, mode: str) -> dict:
+    """actions() over columns of task signals: has_pull, has_label, has_edges, then has_child[k]."""
+    has_pull, has_label, has_edges = signals[0], signals[1], signals[2]
+    every = np.ones(signals.shape[1], dtype=bool)
     nodes = F.nodes + dF.nodes
 
     support = {}

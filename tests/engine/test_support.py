@@ -77,3 +77,36 @@ def test_leaves_in_an_inner_task_skip_the_state_product(monkeypatch):
     assert loss == pytest.approx(full_loss, rel=1e-13)
     for name in full_grads:
         assert_close(grads[name], full_grads[name], 1e-12, f"alap: d loss/d {name}")
+
+
+@pytest.mark.parametrize("workload", ["tree_lstm", "var_lstm", "slots", "edges"])
+def test_actions_per_signature_equal_the_walk_per_task(workload):
+    """support.actions walks F and dF once per distinct task signature (and, with a cache, once per
+    signature ever seen): the same actions as walking them over every task."""
+    import numpy as np
+    from cavs import support
+    if workload in ("slots", "edges"):
+        model = child_sum_model(32 if workload == "slots" else None)
+        batch = model.make_batch(nary_trees() + [dag()])
+    else:
+        model = cavs.models.build(workload, hidden=4)
+        batch = model.make_batch(cavs.datasets.load_samples(workload, limit=12))
+    F, dF = model.F, model.dF
+    for policy in ("batched", "alap", "serial"):
+        sched = batch.schedule(policy)
+        slots = sorted({n.attrs["k"] for n in F.nodes + dF.nodes if n.op in ("gather", "scatter_grad_child")})
+        per_task = support._PerSlot(sched)
+        for mode, pull_all in (("train", False), ("predict", False), ("boundary", True)):
+            signals = np.stack([np.ones(sched.num_tasks, bool) if pull_all else
+                                support._any_per_task(sched.tokens >= 0, sched.bounds),
+                                support._any_per_task(sched.labels >= 0, sched.bounds),
+                                np.diff(sched.edge_bounds) > 0] + [per_task[k] for k in slots])
+            walk = support._actions_of(F, dF, signals, {k: per_task[k] for k in slots}, mode)
+            cache = {}
+            for act in (support.actions(F, dF, sched, mode, pull_all),
+                        support.actions(F, dF, sched, mode, pull_all, cache=cache),
+                        support.actions(F, dF, sched, mode, pull_all, cache=cache)):     # read back
+                assert act.keys() == walk.keys()
+                for n in walk:
+                    np.testing.assert_array_equal(act[n], walk[n], err_msg=f"{workload} {policy} {mode} {n.op}")
+            assert len(cache) == 1

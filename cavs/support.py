@@ -38,22 +38,33 @@ def actions(F, dF, sched, mode: str = "train", pull_all: bool = False, cache: di
     A task's actions depend only on its signature: whether it has a word, a label, edges, and a
     child in each slot F gathers. A batch has a few distinct signatures (leaves, inner vertices,
     ...), so the walk over F and dF runs once per distinct signature, and with `cache` (a dict
-    the caller keeps for one F and dF) once per signature ever seen."""
-    T = sched.num_tasks
-    slots = sorted({n.attrs["k"] for n in F.nodes + dF.nodes if n.op in ("gather", "scatter_grad_child")})
-    has_child = _PerSlot(sched)
-    signals = np.stack([np.ones(T, dtype=bool) if pull_all else _any_per_task(sched.tokens >= 0, sched.bounds),
-                        _any_per_task(sched.labels >= 0, sched.bounds), np.diff(sched.edge_bounds) > 0]
-                       + [has_child[k] for k in slots])
-    kinds, inverse = np.unique(signals, axis=1, return_inverse=True)
-    key = (mode, pull_all, kinds.tobytes(), kinds.shape)
-    act = None if cache is None else cache.get(key)
-    if act is None:
-        act = _actions_of(F, dF, kinds, dict(zip(slots, kinds[3:])), mode)
-        if cache is not None:
-            cache[key] = act
-    inverse = inverse.reshape(-1)
-    return {n: a[inverse] for n, a in act.items()}
+    the caller keeps for one F and dF: one int8 column per signature seen) once per signature ever."""
+    slots = gathered_slots(F, dF)
+    kinds, inverse = np.unique(task_signals(sched, slots, pull_all), axis=1, return_inverse=True)
+    cache = {} if cache is None else cache
+    keys = [(mode, pull_all, kinds[:, j].tobytes()) for j in range(kinds.shape[1])]
+    missing = [j for j, key in enumerate(keys) if key not in cache]
+    if missing:
+        walked = _actions_of(F, dF, kinds[:, missing], dict(zip(slots, kinds[3:, missing])), mode)
+        nodes = cache.setdefault("nodes", list(walked))        # the nodes that do work: F's, not the signals'
+        table = np.stack([walked[n] for n in nodes])
+        for i, j in enumerate(missing):
+            cache[keys[j]] = table[:, i]
+    table = np.stack([cache[key] for key in keys], axis=1)[:, inverse.reshape(-1)]
+    return dict(zip(cache["nodes"], table))
+
+
+def gathered_slots(F, dF) -> list[int]:
+    """The child slots F gathers (and dF scatters into): none for a model on edges."""
+    return sorted({n.attrs["k"] for n in F.nodes + dF.nodes if n.op in ("gather", "scatter_grad_child")})
+
+
+def task_signals(sched, slots: list[int], pull_all: bool = False) -> np.ndarray:
+    """(3 + len(slots), T) per task: has a word (or pulls the caller's inputs), has a label, has
+    edges, has a child in each of `slots`."""
+    rows = [np.ones(sched.num_tasks, dtype=bool) if pull_all else _any_per_task(sched.tokens >= 0, sched.bounds),
+            _any_per_task(sched.labels >= 0, sched.bounds), np.diff(sched.edge_bounds) > 0]
+    return np.stack(rows + [_any_per_task(sched.child_rows[:, k] >= 0, sched.bounds) for k in slots])
 
 
 def _actions_of(F, dF, signals: np.ndarray, has_child: dict, mode: str) -> dict:
@@ -132,19 +143,6 @@ def _actions_of(F, dF, signals: np.ndarray, has_child: dict, mode: str) -> dict:
             if not i.is_param:
                 demand[i] = demand[i] | reads
     return act
-
-
-class _PerSlot:
-    """has_child[k]: tasks with a child in slot k, computed for the slots F gathers only (a model on
-    edges has as many slots as the batch's largest degree, and reads none of them)."""
-
-    def __init__(self, sched):
-        self._sched, self._done = sched, {}
-
-    def __getitem__(self, k):
-        if k not in self._done:
-            self._done[k] = _any_per_task(self._sched.child_rows[:, k] >= 0, self._sched.bounds)
-        return self._done[k]
 
 
 def ranges(mask: np.ndarray, bounds: np.ndarray) -> list[tuple[int, int]]:

@@ -94,14 +94,10 @@ def test_actions_per_signature_equal_the_walk_per_task(workload):
     F, dF = model.F, model.dF
     for policy in ("batched", "alap", "serial"):
         sched = batch.schedule(policy)
-        slots = sorted({n.attrs["k"] for n in F.nodes + dF.nodes if n.op in ("gather", "scatter_grad_child")})
-        per_task = support._PerSlot(sched)
+        slots = support.gathered_slots(F, dF)
         for mode, pull_all in (("train", False), ("predict", False), ("boundary", True)):
-            signals = np.stack([np.ones(sched.num_tasks, bool) if pull_all else
-                                support._any_per_task(sched.tokens >= 0, sched.bounds),
-                                support._any_per_task(sched.labels >= 0, sched.bounds),
-                                np.diff(sched.edge_bounds) > 0] + [per_task[k] for k in slots])
-            walk = support._actions_of(F, dF, signals, {k: per_task[k] for k in slots}, mode)
+            signals = support.task_signals(sched, slots, pull_all)
+            walk = support._actions_of(F, dF, signals, dict(zip(slots, signals[3:])), mode)
             cache = {}
             for act in (support.actions(F, dF, sched, mode, pull_all),
                         support.actions(F, dF, sched, mode, pull_all, cache=cache),
@@ -109,4 +105,4 @@ def test_actions_per_signature_equal_the_walk_per_task(workload):
                 assert act.keys() == walk.keys()
                 for n in walk:
                     np.testing.assert_array_equal(act[n], walk[n], err_msg=f"{workload} {policy} {mode} {n.op}")
-            assert len(cache) == 1
+            assert len(cache) == 1 + len(np.unique(signals, axis=1).T)     # the nodes, one column per signature

@@ -89,6 +89,7 @@ def plan(experiment: Experiment, profile: Profile, *, systems=None, panels=None,
                         cell["ftz"] = environment.ftz_requested()
                         cell["samples"] = measured_samples(profile, cell)
                         cell["warmup_batches"], cell["repeats"] = profile.warmup_batches, profile.repeats
+                        cell["min_timed_s"] = profile.min_timed_s
                         cell["cell_id"] = cell_id(cell)
                         out.cells.append(cell)
     return out

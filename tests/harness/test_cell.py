@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments import launch, results, runner
-from tests.harness.fake_system import PROFILE, fake_experiment, rows_of
+from tests.harness.fake_system import FAKE, PROFILE, fake_experiment, rows_of
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("importable_fake")
@@ -41,6 +41,24 @@ def test_cell_reports_ftz_and_peak_memory(tmp_path):
     if missing:
         pytest.xfail(f"experiments/results.py COLUMNS lacks {missing}: the cell reports them, the CSV drops them")
     assert row["ftz"] == "True" and float(row["peak_rss_mb"]) > 10
+
+
+def test_a_cell_passes_over_its_slice_until_min_timed_s_has_gone():
+    """At least `repeats` passes, then more until `min_timed_s` (the `ci` profile's guard against the
+    VM's slow spells): 2 batches of 5 ms and more each (the fake system sleeps) for 0.3 s is 30 passes or fewer."""
+    from experiments.launch import EXTRA_MARK
+    cell = {"experiment": "fake", "panel": "a", "workload": "tree_fc", "system": FAKE, "variant": "default",
+            "options": {"sleep_ms": 4.0}, "mode": "train", "batch_size": 2, "hidden": 8, "leaves": 8,
+            "threads": 1, "device": "cpu", "profile": "test", "samples": 4, "warmup_batches": 1, "repeats": 2,
+            "cell_id": "passes"}
+    passes = {}
+    for min_timed_s in (0.0, 0.3):
+        proc = subprocess.run([sys.executable, "-m", "experiments.cell", json.dumps({**cell, "min_timed_s": min_timed_s})],
+                              capture_output=True, text=True, timeout=120, env=launch.env(1), cwd=ROOT)
+        extra = [x for x in proc.stdout.splitlines() if x.startswith(EXTRA_MARK)]
+        assert extra, proc.stderr[-2000:]
+        passes[min_timed_s] = json.loads(extra[-1][len(EXTRA_MARK):])["slice"]["passes"]
+    assert passes[0.0] == 2 and 10 <= passes[0.3] <= 31, passes       # a pass sleeps at least 10 ms
 
 
 def test_dynet_memory_samples_are_classified_by_the_innermost_dynet_frame():

@@ -5,6 +5,8 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PROFILE     ?=
 SYSTEMS     ?=
+# PANELS=b,d: a subset of the experiment's panels (`python -m experiments list` names them)
+PANELS      ?=
 # RESULTS empty: results/<this machine's kind>/ (experiments/machine.py)
 RESULTS     ?=
 # EXECUTOR=ray runs each cell as a Ray task (pip extra `cluster`); RAY_ADDRESS=auto|ray://host:10001
@@ -13,7 +15,7 @@ FTZ         ?= 1
 EXECUTOR    ?=
 RAY_ADDRESS ?=
 RUN_ARGS     = $(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS))
-EXP_ARGS     = $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(RUN_ARGS)
+EXP_ARGS     = $(if $(PROFILE),--profile $(PROFILE)) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(if $(PANELS),--panels $(PANELS)) $(RUN_ARGS)
 
 .PHONY: venv test fig8 fig9 table1 table2 ablation all sst extrapolation bench nary targets task-cost bench-ci bench-ci-update gpu-check report clean-venv torch-bench
 

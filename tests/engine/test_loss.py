@@ -1,0 +1,31 @@
+"""The CPU loss kernel (cavs/loss.py) against the NumPy version the GPU runs, on few and many classes,
+with one class far ahead of the others and the last ahead of most."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cavs import loss
+from cavs.backend import get_backend
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("classes", [2, 5, 39, 1000])
+def test_the_cpu_kernel_gives_the_numpy_versions_loss_and_gradients(dtype, classes):
+    be = get_backend("numpy")
+    rng = np.random.default_rng(classes)
+    n, hidden = 13, 6
+    h = rng.standard_normal((n, hidden)).astype(dtype)
+    w = rng.standard_normal((hidden, classes)).astype(dtype)
+    b = rng.standard_normal(classes).astype(dtype)
+    b[rng.integers(classes)] += 8          # one class far ahead
+    b[-1] += 4                             # and the last ahead of most
+    labels = rng.integers(0, classes, n)
+    kernel = loss.softmax_cross_entropy(be, h, w, b, labels, True, scale=0.5)
+    numpy = loss._blocked(be, h, w, b, labels, True, scale=0.5)
+    rel = 1e-5 if dtype == "float32" else 1e-12
+    assert kernel[0] == pytest.approx(numpy[0], rel=rel)
+    for got, want, name in zip(kernel[1:], numpy[1:], ("dh", "dW", "db")):
+        np.testing.assert_allclose(got, want, rtol=rel, atol=rel, err_msg=name)
+    alone = loss.softmax_cross_entropy(be, h, w, b, labels, False, scale=0.5)
+    assert alone[0] == pytest.approx(numpy[0], rel=rel) and alone[1:] == (None, None, None)

@@ -143,7 +143,7 @@ def measure(cells: list[dict], run_dir: Path, base: Path | None, rounds: int, fi
     """{"head": {workload: s}, "base": {workload: s}, "reference": {(workload, system): s},
     "problems": [...]}: Cavs at HEAD and at `base`, interleaved over `rounds` (alternating which side
     goes first, HEAD in even rounds counted from `first_round`), each side's fastest; every reference
-    system once (its cell keeps its fastest of the profile's repeats)."""
+    system once. Every cell keeps its fastest pass of the `ci` profile's (at least 3, and 1 s of them)."""
     out = {"head": {}, "base": {}, "reference": {}, "problems": []}
     cavs = [c for c in cells if c["system"] == "cavs"]
     for r in range(first_round, first_round + rounds):

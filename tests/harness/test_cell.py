@@ -45,7 +45,8 @@ def test_cell_reports_ftz_and_peak_memory(tmp_path):
 
 def test_a_cell_passes_over_its_slice_until_min_timed_s_has_gone():
     """At least `repeats` passes, then more until `min_timed_s` (the `ci` profile's guard against the
-    VM's slow spells): 2 batches of 5 ms and more each (the fake system sleeps) for 0.3 s is 30 passes or fewer."""
+    VM's slow spells): 2 batches of 5 ms and more each (the fake system sleeps) for 0.3 s is 30 passes
+    or fewer."""
     from experiments.launch import EXTRA_MARK
     cell = {"experiment": "fake", "panel": "a", "workload": "tree_fc", "system": FAKE, "variant": "default",
             "options": {"sleep_ms": 4.0}, "mode": "train", "batch_size": 2, "hidden": 8, "leaves": 8,

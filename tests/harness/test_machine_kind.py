@@ -97,8 +97,8 @@ def test_results_dir_command(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_fig8_on_another_kind_of_machine_measures_into_its_own_directory(tmp_path):
-    """`make fig8 PROFILE=quick SYSTEMS=cavs PANELS=c,g` (Tree-FC, the cheapest), no RESULTS=, in a checkout whose results/ came from another
-    kind of machine: the sweep and figure land in results/<this kind>/ and results/ is left as it was."""
+    """`make fig8 PROFILE=quick SYSTEMS=cavs PANELS=c,g` (Tree-FC, the cheapest), no RESULTS=, in a
+    checkout whose results/ came from another kind of machine: the sweep and figure land in results/<this kind>/ and results/ is left as it was."""
     for name in ("Makefile",):
         shutil.copy(ROOT / name, tmp_path / name)
     (tmp_path / ".venv").symlink_to(Path(sys.prefix))          # the Python running the tests (.venv under make)

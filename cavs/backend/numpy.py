@@ -32,15 +32,19 @@ class NumpyBackend:
         self._torch = _torch()
         # until the engine chooses per product (use_gemm), NumPy's own matmul
         self.gemm = blas.make("numpy").gemm
-        self.blas = "numpy"
         self.flush_denormals()
 
     def use_gemm(self, gemm: "blas.Gemm") -> None:
         """Routes every product through `gemm` (blas.choose: a library per product shape); with
         several threads, its pool gets them and the other pool one."""
-        self.gemm, self.blas = gemm, gemm.name
+        self.gemm = gemm
         if gemm.pool is not None:
             blas.set_pool_threads(gemm.pool, gemm.threads)
+
+    @property
+    def blas(self) -> str:
+        """The library of the products ('numpy', or blas.Gemm.name: the choice and its pool now)."""
+        return self.gemm.name if isinstance(self.gemm, blas.Gemm) else "numpy"
 
     def new_pass(self):
         """The parameters may have changed since the last pass: drop what was derived from them."""

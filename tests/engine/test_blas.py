@@ -158,3 +158,30 @@ def test_packing_is_paid_once_per_weight_and_pass():
     np.testing.assert_array_equal(out, 8.0)
     gemm.new_pass()
     assert gemm.choice[small] == "onednn" and gemm.name == "auto: openblas 2"    # the name: the static choice
+
+
+def test_the_pool_follows_the_products_a_pass_makes(monkeypatch):
+    """With several threads, the pool whose libraries are fastest over the products the passes make
+    (counted per key), not over the model's keys summed once: here OpenBLAS's pool wins the keys
+    unweighted, and a pass making the large product four times as often moves to PyTorch's."""
+    small, large = ("nn", 1, 8, 3), ("nn", 64, 8, 3)
+    pools = {"openblas": ({small: "openblas", large: "openblas"},
+                          {small: {"openblas": 1.0}, large: {"openblas": 10.0}}, {}),
+             "torch": ({small: "mkl", large: "mkl"}, {small: {"mkl": 4.0}, large: {"mkl": 8.0}}, {})}
+    settings = []
+    monkeypatch.setattr(blas, "set_pool_threads", lambda pool, threads: settings.append((pool, threads)))
+    numpy = blas.make("numpy")
+    choice, times, packs = pools["openblas"]
+    gemm = blas.Gemm({"openblas": numpy, "mkl": numpy}, dict(choice), "openblas", pool="openblas", threads=2,
+                     times=times, packs=packs, pools=pools)
+    x, w, out = np.ones((64, 8), np.float32), np.ones((8, 3), np.float32), np.empty((64, 3), np.float32)
+    gemm(out[:1], x[:1], w)                          # one of each: 11 against 12, OpenBLAS's pool stays
+    gemm(out, x, w)
+    gemm.new_pass()
+    assert gemm.pool == "openblas" and not settings
+    for _ in range(7):                               # 1 + 7 large ones over two passes: 4 a pass
+        gemm(out, x, w)
+    gemm.new_pass()                                  # per pass 0.5 small, 4 large: 40.5 against 34
+    assert gemm.pool == "torch" and settings == [("torch", 2)]
+    assert gemm.choice == {small: "mkl", large: "mkl"} and gemm.name == "auto: mkl 2 (torch pool, 2 threads)"
+    np.testing.assert_array_equal(out, 8.0)

@@ -243,15 +243,17 @@ def measure(spec: dict, extra: dict) -> dict:
     while passes < spec["repeats"] or time.perf_counter() - started < spec.get("min_timed_s", 0.0):
         passes += 1
         system.timings.reset()
+        counters = environment.cpu_counters()
         t0 = time.perf_counter()
         for i in timed:
             loss = system.step(system.prepare(batches[i]))
         system.synchronize()
         total = time.perf_counter() - t0
         if best is None or total < best[0]:
-            best = (total, dataclasses.replace(system.timings), loss)
+            steal = environment.steal_share(counters, environment.cpu_counters())
+            best = (total, dataclasses.replace(system.timings), loss, steal)
 
-    total, t, loss = best
+    total, t, loss, steal = best
     memory_s = t.memory_s
     if t.memory_s is None and _wants_memory_profile(spec):
         from . import memprofile
@@ -265,7 +267,7 @@ def measure(spec: dict, extra: dict) -> dict:
               "construct_s": t.construct_s, "compute_s": t.compute_s, "memory_s": memory_s,
               "total_s": total, "epoch_s": total / measured * epoch_samples,
               "extrapolated": measured < epoch_samples, "loss": float(loss), "status": "ok",
-              "ftz": ftz, "peak_rss_mb": round(peak_rss_mb(), 1)}
+              "ftz": ftz, "peak_rss_mb": round(peak_rss_mb(), 1), "cpu_steal": steal}
     if spec.get("device") == "cuda":
         gpu = gpu_peak_mb()
         result["gpu_peak_mb"] = None if gpu is None else round(gpu, 1)

@@ -24,6 +24,7 @@ COLUMNS = (
     "memory_s", "total_s", "epoch_s", "extrapolated", "loss", "status", "git_rev", "profile", "cell_id",
     "timestamp",
     "ftz", "peak_rss_mb", "gpu_peak_mb",   # the cell's flush-to-zero setting and peak memory (experiments/cell.py)
+    "cpu_steal",                # the share of the kept pass's CPU time the host took (environment.steal_share)
     "blas",                     # the library of the system's matrix products (baselines' System.blas)
     "node", "machine",          # the host a cell ran on and its kind (experiments/machine.py)
 )

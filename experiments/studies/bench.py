@@ -38,7 +38,8 @@ CAVS_VARIANTS = {
     "cavs (no lazy, no eager)": {"lazy": False, "eager": False},
 }
 TABLE = ["workload", "hidden", "system", "threads", "total_s", "construct_s", "compute_s", "floor_s",
-         "frontier_bound_s", "cavs_speedup", "over_floor", "over_frontier_bound", "thread_speedup", "status"]
+         "frontier_bound_s", "cavs_speedup", "over_floor", "over_frontier_bound", "thread_speedup", "cpu_steal",
+         "status"]
 
 
 def add_arguments(ap) -> None:
@@ -141,7 +142,8 @@ def main(results_dir: Path, args) -> int:
                     cell = launch.file_order_cell(system, workload, hidden, count, options, args.repeats, threads=n)
                     r = launch.run_cell(cell, CELL_TIME_LIMIT_S, results_dir / "logs")
                     print(f"  {workload} h={hidden} {label} threads={n}: {r.get('total_s', float('nan')):.3f} s "
-                          f"({r['status']}, {r.get('blas', '?')}; {time.perf_counter() - t0:.0f} s wall)", flush=True)
+                          f"({r['status']}, {r.get('blas', '?')}; {time.perf_counter() - t0:.0f} s wall, "
+                          f"CPU steal {r.get('cpu_steal')})", flush=True)
                     launch.keep_fastest(best, (label, n), {"workload": workload, "hidden": hidden, "samples": count,
                                                             "system": label, "options": json.dumps(options),
                                                             **r, "threads": n})

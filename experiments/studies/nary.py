@@ -65,7 +65,7 @@ SYNTHETIC_EDGES, SYNTHETIC_BATCHES, LEAVES_PER_CHILD = 16_384, 8, 3
 FIELDS = ["cell", "system", "form", "trees", "max_degree", "vertices", "edges", "hidden", "embed", "batch_size",
           "passes", "rounds", "best_s", "pass_s", "construct_s", "per_edge_us", "first_step_s", "engine_s",
           "trees_per_s", "first_loss", "last_loss", "floor_s", "frontier_bound_s", "over_floor",
-          "over_frontier_bound", "floor_libraries", "blas", "ftz", "status", "git_rev"]
+          "over_frontier_bound", "floor_libraries", "blas", "ftz", "cpu_steal", "status", "git_rev"]
 
 
 def cell_names(text: str) -> list[str]:
@@ -186,14 +186,17 @@ def cell(spec: dict) -> dict:
     first_step = time.perf_counter() - t0
     environment.set_flush_denormals(ftz)
     best, best_construct, losses, passes = float("inf"), 0.0, [], []
+    steal = None
     for _ in range(spec["passes"]):
         construct[0] = 0.0
+        counters = environment.cpu_counters()
         t0 = time.perf_counter()
         losses = [step(g) for g in batches]
         elapsed = time.perf_counter() - t0
         passes.append(round(elapsed, 4))
         if elapsed < best:
             best, best_construct = elapsed, construct[0]
+            steal = environment.steal_share(counters, environment.cpu_counters())
     timed = [g for b in batches for g in b]
     info = counts(timed)
     return {"cell": spec["cell"], "system": system, "form": form, **info, "hidden": spec["hidden"],
@@ -202,7 +205,7 @@ def cell(spec: dict) -> dict:
             "per_edge_us": round(best / info["edges"] * 1e6, 3), "first_step_s": round(first_step, 3),
             "engine_s": round(engine_s, 3), "trees_per_s": round(info["trees"] / best, 2),
             "first_loss": round(float(losses[0]), 6), "last_loss": round(float(np.mean(losses[-1])), 6),
-            "blas": blas, "ftz": ftz, "status": "ok"}
+            "blas": blas, "ftz": ftz, "cpu_steal": steal, "status": "ok"}
 
 
 def check(args) -> dict:

@@ -124,6 +124,19 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def steal_note(files: dict[str, list[dict]]) -> str:
+    """A line on the CPU steal under which the files' rows were measured (cpu_steal: the host's
+    share of the kept pass's CPU time), so that a verdict from a contended VM reads as one."""
+    parts = []
+    for name, rows in files.items():
+        if not rows:
+            continue
+        shares = [float(r["cpu_steal"]) for r in rows if r.get("cpu_steal") not in (None, "")]
+        parts.append(f"{name}: up to {max(shares):.0%}" if shares else f"{name}: not recorded (rows from before "
+                     "the column)")
+    return "CPU steal in the timed passes kept (vmstat's `st` over the busy time): " + "; ".join(parts) + "."
+
+
 def add_arguments(ap) -> None:
     """No options but --results: the directory holding bench.csv and nary.csv."""
 
@@ -135,7 +148,7 @@ def main(results_dir: Path, args) -> int:
         print(f"error: neither {d / 'bench.csv'} nor {d / 'nary.csv'} exists; run `make bench` and "
               f"`make nary` first", file=sys.stderr)
         return 2
-    text = markdown(assess(bench, nary))
+    text = markdown(assess(bench, nary)) + "\n\n" + steal_note({"bench.csv": bench, "nary.csv": nary})
     (d / "targets.md").write_text(text + "\n")
     print(text)
     print(f"wrote {d / 'targets.md'}")

@@ -41,6 +41,20 @@ def test_cell_reports_ftz_and_peak_memory(tmp_path):
     if missing:
         pytest.xfail(f"experiments/results.py COLUMNS lacks {missing}: the cell reports them, the CSV drops them")
     assert row["ftz"] == "True" and float(row["peak_rss_mb"]) > 10
+    # a share where the kept pass lasted a clock tick (10 ms) or more, empty for a shorter one
+    assert "cpu_steal" in row and (row["cpu_steal"] == "" or 0.0 <= float(row["cpu_steal"]) <= 1.0)
+
+
+def test_cpu_steal_is_the_hosts_share_of_the_busy_time():
+    """/proc/stat's cpu line: user nice system idle iowait irq softirq steal; idle and iowait do not
+    count (an idle second core steals nothing), and no file or no progress gives None."""
+    from experiments.environment import cpu_counters, steal_share
+    before = cpu_counters("cpu  100 0 50 9000 40 5 5 10 0 0\ncpu0 1 2 3\n")
+    after = cpu_counters("cpu  160 0 70 9900 40 5 5 30 0 0\n")
+    assert before == (10, 170) and after == (30, 270)
+    assert steal_share(before, after) == 0.2                  # 20 stolen of 100 wanted
+    assert steal_share(before, before) is None and steal_share(None, after) is None
+    assert cpu_counters("intr 1 2 3\n") is None
 
 
 def test_a_cell_passes_over_its_slice_until_min_timed_s_has_gone():

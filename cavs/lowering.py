@@ -411,14 +411,11 @@ class Lowered:
         as a segment reduction over the edges, which are sorted by parent."""
         A, be, kernels, op = self.arrays, self.backend, self.counters.kernels, n.op
         o, x = self.slot[n], self.slot[n.inputs[0]]
-        reduce_rows = be.add_rows if op == "edge_sum" else be.max_rows
+        how = "sum" if op == "edge_sum" else "max"
 
         def edge_reduce(a, b, t):
-            offset = self.batch.edges.offset
-            ea, eb = int(offset[a]), int(offset[b])
-            A[o][a:b].fill(0)
-            if eb > ea:
-                reduce_rows(A[o], self.batch.edges.parent[ea:eb], A[x][ea:eb])
+            edges = self.batch.edges
+            be.segment_rows(how, A[o], A[x], edges.offset, edges.parent, a, b)
             kernels[op] += 1
         return edge_reduce
 

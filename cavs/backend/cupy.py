@@ -72,6 +72,15 @@ class CupyBackend:
         dst[idx] = -cupy.inf
         cupyx.scatter_max(dst, idx, src)
 
+    def segment_rows(self, op: str, out, src, offset, parent, a: int, b: int):
+        """out[v] = the sum (op "sum") or maximum ("max") of src[offset[v]:offset[v + 1]] for each
+        row v in [a, b), zeros where a vertex has no edges: a fill, then one scatter kernel through
+        the edges' parent rows (`offset` is on the host)."""
+        ea, eb = int(offset[a]), int(offset[b])
+        out[a:b].fill(0)
+        if eb > ea:
+            (self.add_rows if op == "sum" else self.max_rows)(out, parent[ea:eb], src[ea:eb])
+
     def stream(self, chunks):
         """Launches `chunks` (lists of closures) on a second CUDA stream, one event per chunk;
         wait(k) makes the current stream wait for chunk k on the device (the host does not block).

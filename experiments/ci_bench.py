@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -194,14 +195,14 @@ def compare_code(m: dict, tolerance: float = TOLERANCE):
     rows, ok = [], True
     for w in sorted(set(m["head"]) | set(m["base"])):
         base, head = m["base"].get(w), m["head"].get(w)
-        pairs = sorted(m.get("pairs", {}).get(w, []))
-        paired = (pairs[(len(pairs) - 1) // 2] + pairs[len(pairs) // 2]) / 2 if pairs else None
+        pairs = m.get("pairs", {}).get(w)
+        paired = statistics.median(pairs) if pairs else None
         if base is None or head is None:
             rows.append((w, base, head, None, "not measured", paired))
             ok = False
             continue
         ratio = head / base
-        verdict = "REGRESSION" if min(ratio, ratio if paired is None else paired) > 1 + tolerance else "ok"
+        verdict = "REGRESSION" if min(ratio, paired or ratio) > 1 + tolerance else "ok"
         ok &= verdict == "ok"
         rows.append((w, base, head, ratio, verdict, paired))
     return rows, ok

@@ -19,12 +19,16 @@ def test_frontier_rows_cover_each_vertex_with_children_once(workload):
 
 
 def test_nary_floor_counts_each_product_on_the_rows_that_have_its_input():
+    """x W at the words, x Wf only where a word meets children (only edges read it), h_sum U at
+    the vertices with children, h_k Uf per edge, the head at the labels."""
     import cavs
     from experiments.floors import child_sum_macs
     g = cavs.Graph.from_children([[], [], [], [0, 1, 2]], tokens=[3, 4, 5, -1], labels=[1, 1, -1, 2])
     H, E, C = 8, 6, 5
     words, inner, edges, labelled = 3, 1, 3, 3
-    assert child_sum_macs([g], H, E, C) == 3 * (words * E * 4 * H + inner * H * 3 * H + edges * H * H + labelled * H * C)
+    assert child_sum_macs([g], H, E, C) == 3 * (words * E * 3 * H + inner * H * 3 * H + edges * H * H + labelled * H * C)
+    worded_root = cavs.Graph.from_children([[], [], [], [0, 1, 2]], tokens=[3, 4, 5, 6], labels=[1, 1, -1, 2])
+    assert child_sum_macs([worded_root], H, E, C) == child_sum_macs([g], H, E, C) + 3 * (E * 3 * H + E * H)
 
 
 def test_a_library_is_timed_on_the_layouts_it_runs_and_skipped_on_the_others():
@@ -40,3 +44,17 @@ def test_a_library_is_timed_on_the_layouts_it_runs_and_skipped_on_the_others():
     timed = floors.time_products(products, libraries=("onednn", "openblas"))
     assert timed["libraries"] == {"onednn": "ok", "openblas": "ok"}
     assert timed["best"][products[1]][1] == "openblas"
+
+
+def test_the_fma_peak_counts_the_lanes_the_pipes_execute():
+    """Zen 4 (AMD family 25) decodes AVX-512 but runs each 512-bit FMA on two 256-bit pipes: 8
+    float32 lanes a pipe, where Zen 5 (family 26) and AVX-512 Xeons have 16."""
+    from experiments import floors
+    clock = {"status": "ok", "hz": 3.0e9}
+    zen4 = floors._fma_peak({"cpu_vendor": "AuthenticAMD", "cpu_family": "25", "cpu_isa": "avx512f"}, clock)
+    zen5 = floors._fma_peak({"cpu_vendor": "AuthenticAMD", "cpu_family": "26", "cpu_isa": "avx512f"}, clock)
+    xeon = floors._fma_peak({"cpu_vendor": "GenuineIntel", "cpu_family": "6", "cpu_isa": "amx"}, clock)
+    assert (zen4["lanes"], zen5["lanes"], xeon["lanes"]) == (8, 16, 16)
+    assert zen4["peak_gflops"] == pytest.approx(8 * 2 * 2 * 3.0)
+    assert floors._fma_peak({"cpu_vendor": "AuthenticAMD", "cpu_family": "25", "cpu_isa": "avx2"},
+                            {"status": "failed"})["peak_gflops"] is None

@@ -29,3 +29,24 @@ def test_the_cpu_kernel_gives_the_numpy_versions_loss_and_gradients(dtype, class
         np.testing.assert_allclose(got, want, rtol=rel, atol=rel, err_msg=name)
     alone = loss.softmax_cross_entropy(be, h, w, b, labels, False, scale=0.5)
     assert alone[0] == pytest.approx(numpy[0], rel=rel) and alone[1:] == (None, None, None)
+
+
+@pytest.mark.parametrize("classes", [7, 8, 43])
+def test_the_row_max_is_found_in_every_lane_and_in_the_remainder(classes):
+    """The kernel keeps eight running maxima over blocks of eight classes and a tail: a row whose
+    largest logit (100, whose exp overflows float32 unless shifted by it) sits at each position in
+    turn must give the float64 loss and gradient."""
+    be = get_backend("numpy")
+    rng = np.random.default_rng(classes)
+    logits = rng.uniform(-1, 1, (classes, classes)) + 100 * np.eye(classes)     # row p's max at column p
+    h, w = np.eye(classes, dtype=np.float32), logits.astype(np.float32)
+    b = np.zeros(classes, np.float32)
+    labels = rng.integers(0, classes, classes)
+    got = loss.softmax_cross_entropy(be, h, w, b, labels, True)
+    z = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    want_loss = -np.log(p[np.arange(classes), labels]).sum()
+    p[np.arange(classes), labels] -= 1
+    assert got[0] == pytest.approx(want_loss, rel=1e-5)
+    np.testing.assert_allclose(got[3], p.sum(axis=0), rtol=1e-5, atol=1e-5)       # db
+    np.testing.assert_allclose(got[1], p @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4)   # dh

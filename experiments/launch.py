@@ -55,7 +55,11 @@ def env(threads: int = 1, root: Path | None = None, base: dict | None = None, na
 
 
 def pin_threads(threads: int = 1) -> None:
-    """Pins this process's BLAS/OpenMP pools (threadpoolctl) and PyTorch's intra-op pool."""
+    """Pins this process's BLAS/OpenMP pools (threadpoolctl) and PyTorch's intra-op pool, and sets
+    THREAD_VARS so that a pool loaded afterwards starts pinned too: threadpoolctl reaches only the
+    libraries already loaded, and NumPy's OpenBLAS, loaded by a later `import numpy`, read its
+    thread count from the environment and ran at two threads on these VMs."""
+    os.environ.update({v: str(threads) for v in THREAD_VARS})
     from threadpoolctl import threadpool_limits
     threadpool_limits(threads)
     torch = sys.modules.get("torch")

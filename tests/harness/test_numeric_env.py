@@ -107,3 +107,17 @@ def test_flush_denormals_is_set_per_thread():
     assert seen[True] == (0.0, True) and seen[False][0] > 0 and seen[False][1] is False
     assert environment.control_register() == before
     assert environment.ftz_requested("0") is False and environment.ftz_requested(None) in (True, False)
+
+
+def test_pin_threads_also_pins_the_pools_loaded_after_it():
+    """threadpoolctl reaches only loaded libraries: NumPy's OpenBLAS, imported after pin_threads,
+    must still start at one thread (it read the core count before, two threads on these VMs)."""
+    code = ("from experiments import launch; launch.pin_threads(1)\n"
+            "import numpy, json\n"
+            "from threadpoolctl import threadpool_info\n"
+            "print(json.dumps([i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']))")
+    env = {k: v for k, v in os.environ.items() if k not in launch.THREAD_VARS}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert counts and all(n == 1 for n in counts), counts

@@ -19,6 +19,7 @@ LIBRARIES = {
     "numpy": ("numpy",), "numba": ("numba",), "numexpr": ("numexpr",), "torch": ("torch",),
     "tensorflow": ("tensorflow-cpu", "tensorflow"), "dynet": ("dyNET38", "dyNET", "dynet"),
     "cupy": ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "pandas": ("pandas",), "matplotlib": ("matplotlib",),
+    "onednn": ("onednn-cpu-gomp",),
 }
 ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
             "CAVS_BACKEND", "CAVS_CPU_BLAS", "CUDA_VISIBLE_DEVICES", "CAVS_FTZ", "CAVS_DYNET_MEM",

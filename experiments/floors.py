@@ -5,7 +5,8 @@ A workload's training needs certain matrix products: for every product x W of th
 (on the rows that have x), the input gradient dy W^T where x needs one, and the weight gradient
 x^T dy; and the same for the output layer. `Product`s list them (`workload_products`,
 `child_sum_products`). Each product shape is timed with every installed GEMM library -- NumPy's
-OpenBLAS with its own CPU detection, MKL and oneDNN (through PyTorch) and TensorFlow's matmul --
+OpenBLAS with its own CPU detection, MKL and oneDNN (through PyTorch), oneDNN's own library
+(dnnl_sgemm) and TensorFlow's matmul --
 in fresh processes pinned to the cells' thread count (`python -m experiments.floors time SPEC`,
 through launch.run, with the native OpenBLAS kernels every benchmark cell gets; at two threads
 every library runs both), and the fastest library's time counts:
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from . import environment, launch
 
-LIBRARIES = ("openblas", "mkl", "onednn", "tensorflow")
+LIBRARIES = ("openblas", "mkl", "onednn", "dnnl", "tensorflow")
 GATES = {"tree_lstm": 5, "var_lstm": 4, "fixed_lstm": 4, "tree_fc": 1}   # matmul width / hidden
 MAX_TIMED_ROWS = 4096        # a longer product is timed at this many rows and scaled (GEMM time is linear there)
 LARGE = (2048, 1024, 2560)   # the shape of matmul_rates' product

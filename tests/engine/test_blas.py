@@ -55,6 +55,32 @@ def test_each_library_equals_numpy_on_strided_views(library, dtype, layout, rows
     assert (out_buf[:, :2] == 7).all() and (out_buf[:, 2 + out.shape[1]:] == 7).all()   # other columns untouched
 
 
+def test_dnnl_on_an_empty_inner_dimension_and_without_its_library(monkeypatch):
+    lib = blas.make("dnnl")
+    if not lib.supports(np.float32, "nn"):
+        pytest.skip("oneDNN's library (onednn-cpu-gomp) is not installed here")
+    a, b = np.zeros((5, 0), np.float32), np.zeros((0, 3), np.float32)
+    out = np.full((5, 3), 7.0, np.float32)
+    lib.gemm(out, a, b, accumulate=True)
+    assert (out == 7).all()                                      # += nothing
+    lib.gemm(out, a, b, bias=np.arange(3, dtype=np.float32))
+    assert (out == np.arange(3)).all()
+    lib.gemm(out, a, b)
+    assert (out == 0).all()
+    # where the wheel is missing the library says so, and auto leaves it out
+    monkeypatch.setattr(blas, "_dnnl", lambda: None)
+    assert not blas.make("dnnl").supports(np.float32, "nn")
+    assert "dnnl" not in blas.available("float32") and blas.dnnl_version() is None
+
+
+def test_measure_times_every_library_on_each_key():
+    libs = [name for name in blas.available("float32")]
+    times = blas.measure([("nn", 8, 16, 24), ("tn", 8, 16, 24)], np.float32, libs)
+    for (layout, *_), ts in times.items():
+        assert set(ts) == {n for n in libs if blas.make(n).supports(np.float32, layout)}
+        assert all(0 < t < 1 for t in ts.values())
+
+
 def test_row_classes_and_keys():
     assert [blas.row_class(r) for r in (1, 2, 3, 63, 64, 65, 5000)] == [1, 2, 2, 32, 64, 64, blas.MAX_ROW_CLASS]
     x, w = np.zeros((40, 8), np.float32), np.zeros((8, 3), np.float32)

@@ -176,24 +176,31 @@ def main(results_dir: Path, args) -> int:
 
 # ---------------------------------------------------------------- one baseline, two revisions
 
-def snapshot_baselines(rev: str, into: Path) -> Path:
-    """`baselines/` as of git revision `rev` (or this working tree for `rev` = "worktree") in a
-    directory of its own; returns that directory."""
+SNAPSHOT = ("baselines", "cavs")      # what --compare takes from each revision: the systems and the engine
+
+
+def snapshot_code(rev: str, into: Path) -> Path:
+    """`baselines/` and `cavs/` as of git revision `rev` (or this working tree for `rev` =
+    "worktree") in a directory of its own; returns that directory."""
     target = into / rev.replace("/", "_")
     target.mkdir(parents=True, exist_ok=True)
     if rev == "worktree":
-        shutil.copytree(launch.REPO / "baselines", target / "baselines", dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        for name in SNAPSHOT:
+            shutil.copytree(launch.REPO / name, target / name, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
     else:
-        archive = subprocess.run(["git", "-C", str(launch.REPO), "archive", rev, "baselines"], capture_output=True,
+        archive = subprocess.run(["git", "-C", str(launch.REPO), "archive", rev, *SNAPSHOT], capture_output=True,
                                  check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    if not (target / "data").exists():
+        (target / "data").symlink_to(launch.REPO / "data")        # the engine reads data/ beside its package
     return target
 
 
 def compare(results_dir: Path, args) -> int:
-    """Before/after of a baseline change: the same cell with `baselines/` of two revisions (the
-    snapshot's first on the cell's import path, this tree's harness and engine after it),
+    """Before/after of a change to a system or the engine: the same cell with `baselines/` and
+    `cavs/` of two revisions (the snapshot's first on the cell's import path, this tree's harness
+    after it; before commit 10a3110 only `baselines/` was taken, so engine changes compared equal),
     interleaved round by round (a slow spell of a shared machine hits both), fastest round kept."""
     revs = args.compare
     nan = float("nan")
@@ -201,7 +208,7 @@ def compare(results_dir: Path, args) -> int:
                                   args.repeats, args.leaves)
     best = {}
     with tempfile.TemporaryDirectory() as tmp:
-        roots = {rev: snapshot_baselines(rev, Path(tmp)) for rev in revs}
+        roots = {rev: snapshot_code(rev, Path(tmp)) for rev in revs}
         for _ in range(args.rounds):
             for rev in revs:
                 r = launch.run_cell(cell, CELL_TIME_LIMIT_S, results_dir / "logs", root=roots[rev])

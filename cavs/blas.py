@@ -129,19 +129,20 @@ def _openblas_gemm():
     return found or None
 
 
-class OpenBlas:
-    """NumPy's OpenBLAS through CBLAS: C = alpha A B + beta C on strided row-major views."""
-    name = "openblas"
+class StridedGemm:
+    """C = A B (+ bias), or C += A B, on strided row-major views through a BLAS-like library call
+    (`_call`): beta = 1 to accumulate, no temporaries. Operands it cannot pass as they are (another
+    dtype, a view strided both ways) go through np.matmul."""
 
     def __init__(self):
-        self._fns = _openblas_gemm() or {}
         self._fallback = NumpyMatmul()
 
-    def supports(self, dtype, layout) -> bool:
-        return np.dtype(dtype).name in self._fns
+    def _fn(self, dtype):
+        """The library's call for `dtype`, or None."""
+        raise NotImplementedError
 
     def gemm(self, out, a, b, accumulate=False, bias=None):
-        fn = self._fns.get(out.dtype.name)
+        fn = self._fn(out.dtype)
         size = out.itemsize
         if fn is None or out.strides[-1] != size or a.dtype != out.dtype or b.dtype != out.dtype:
             return self._fallback.gemm(out, a, b, accumulate, bias)
@@ -159,8 +160,31 @@ class OpenBlas:
                 beta = 0.0
         if m == 0 or n == 0:
             return
+        if k == 0:                # nothing to add (oneDNN would leave C as it was, not scale it by beta)
+            if beta == 0.0:
+                out[...] = 0
+            return
         ldc = max(out.strides[0] // size, n) if m > 1 else n
-        fn(_CBLAS_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, beta, out.ctypes.data, ldc)
+        self._call(fn, ta, tb, m, n, k, a.ctypes.data, lda, b.ctypes.data, ldb, beta, out.ctypes.data, ldc)
+
+
+class OpenBlas(StridedGemm):
+    """NumPy's OpenBLAS through CBLAS."""
+    name = "openblas"
+
+    def __init__(self):
+        super().__init__()
+        self._fns = _openblas_gemm() or {}
+
+    def supports(self, dtype, layout) -> bool:
+        return np.dtype(dtype).name in self._fns
+
+    def _fn(self, dtype):
+        return self._fns.get(dtype.name)
+
+    @staticmethod
+    def _call(fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+        fn(_CBLAS_ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
 
 
 def _operand(x, size):
@@ -272,48 +296,27 @@ def _dnnl():
     return fn, f"{v.major}.{v.minor}.{v.patch}"
 
 
-class Dnnl:
-    """oneDNN's own library and its BLAS-like dnnl_sgemm: C = alpha A B + beta C on strided row-major
-    views, as OpenBLAS's CBLAS call (float32 only). Its just-in-time AVX-512 kernels are the ones
-    TensorFlow's matmul runs; on the Zen 4 EPYC they beat OpenBLAS by 5-20% on the engine's shapes
-    and by up to 1.7x on products of 8-16 rows."""
+class Dnnl(StridedGemm):
+    """oneDNN's own library and its BLAS-like dnnl_sgemm (float32 only), called as OpenBLAS's CBLAS
+    is. Its just-in-time AVX-512 kernels are the ones TensorFlow's matmul runs; on the Zen 4 EPYC
+    they beat OpenBLAS by 5-20% on the engine's shapes and by up to 1.7x on products of 8-16 rows."""
     name = "dnnl"
     _FLAG = {_CBLAS_NO_TRANS: b"N", _CBLAS_TRANS: b"T"}
 
     def __init__(self):
+        super().__init__()
         found = _dnnl()
-        self._fn = found[0] if found else None
-        self._fallback = NumpyMatmul()
+        self._sgemm = found[0] if found else None
 
     def supports(self, dtype, layout) -> bool:
-        return self._fn is not None and np.dtype(dtype).name == "float32"
+        return self._sgemm is not None and np.dtype(dtype).name == "float32"
 
-    def gemm(self, out, a, b, accumulate=False, bias=None):
-        size = out.itemsize
-        if self._fn is None or out.dtype != np.float32 or out.strides[-1] != size \
-                or a.dtype != out.dtype or b.dtype != out.dtype:
-            return self._fallback.gemm(out, a, b, accumulate, bias)
-        ta, lda = _operand(a, size)
-        tb, ldb = _operand(b, size)
-        if ta is None or tb is None:
-            return self._fallback.gemm(out, a, b, accumulate, bias)
-        m, k = a.shape
-        n = b.shape[1]
-        beta = 1.0
-        if not accumulate:
-            if bias is not None:
-                out[...] = bias
-            else:
-                beta = 0.0
-        if m == 0 or n == 0:
-            return
-        if k == 0:                                   # oneDNN rejects an empty inner dimension
-            if beta == 0.0:
-                out[...] = 0
-            return
-        ldc = max(out.strides[0] // size, n) if m > 1 else n
-        status = self._fn(self._FLAG[ta], self._FLAG[tb], m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
-                          beta, out.ctypes.data, ldc)
+    def _fn(self, dtype):
+        return self._sgemm if dtype == np.float32 else None
+
+    @classmethod
+    def _call(cls, fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+        status = fn(cls._FLAG[ta], cls._FLAG[tb], m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
         if status != 0:
             raise RuntimeError(f"dnnl_sgemm failed with status {status} on a {m}x{k} by {k}x{n} product")
 

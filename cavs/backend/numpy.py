@@ -15,15 +15,6 @@ from .. import blas
 
 
 @functools.lru_cache(maxsize=None)
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
-@functools.lru_cache(maxsize=None)
 def _segment_kernels():
     import numba
 
@@ -59,7 +50,7 @@ class NumpyBackend:
     xp = np
 
     def __init__(self):
-        self._torch = _torch()
+        self._torch = blas._torch()        # None without PyTorch
         # until the engine chooses per product (use_gemm), NumPy's own matmul
         self.gemm = blas.make("numpy").gemm
         self.flush_denormals()

@@ -28,11 +28,17 @@ import os
 import sys
 from dataclasses import dataclass
 
+import numpy as np
+
 from .ops import OPS, Node, ShapeError
 
 
 class TraceError(ValueError):
     """A mistake in a vertex function found while tracing it; names the user's line and op."""
+
+
+class UnknownAttributeError(TraceError, AttributeError):
+    """A traced value has no such attribute (an AttributeError too, so that hasattr() still works)."""
 
 
 _CAVS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -166,6 +172,9 @@ class Symbol:
     def __neg__(self):
         return self._op("neg", (self.node,))
 
+    def __abs__(self):
+        return self._op("abs", (self.node,))
+
     def __matmul__(self, w):
         if not isinstance(w, Param):
             raise TraceError(f"{_user_line()} (matmul): the right operand must be a parameter (p.NAME)")
@@ -220,7 +229,17 @@ class Symbol:
             raise TraceError(f"{_user_line()} (numpy.{ufunc.__name__}): not an op of vertex functions; the ops are "
                              f"{', '.join(sorted(_NUMPY_OPS))} and cavs.{{sigmoid, tanh, relu, feature_sum, "
                              "feature_mean, layer_norm, dropout}}")
-        return fn(*inputs)
+        # a NumPy scalar operand (np.float32(0.5) * h, np.sqrt(2) * h) becomes the Python number it holds:
+        # handed back as it is, its own operator would call this method again, without end
+        plain = []
+        for x in inputs:
+            if isinstance(x, np.ndarray) and x.ndim == 0 or isinstance(x, np.generic):
+                x = x.item()
+            elif isinstance(x, np.ndarray):
+                raise TraceError(f"{_user_line()} (numpy.{ufunc.__name__}): a NumPy array of shape {x.shape} "
+                                 "in F; a constant operand is a Python number, a vector one a parameter (p.NAME)")
+            plain.append(x)
+        return fn(*plain)
 
     def __array_function__(self, func, types, args, kwargs):
         raise TraceError(f"{_user_line()} (numpy.{func.__name__}): not an op of vertex functions; over a vertex's "
@@ -228,6 +247,25 @@ class Symbol:
 
     def __iter__(self):
         raise TraceError(f"{_user_line()}: a traced value is one row vector per vertex; use .split(n) or slices")
+
+    def __len__(self):
+        raise TraceError(f"{_user_line()} (len): a traced value is one row vector per vertex; its width is "
+                         f".width ({self.width})")
+
+    def _number(self):
+        raise TraceError(f"{_user_line()}: a traced value has no number while F is traced (it stands for every "
+                         "vertex's row); compute with it, or read results from engine.predict / engine.forward")
+
+    __float__ = __int__ = __index__ = __complex__ = _number
+
+    def __getattr__(self, name):
+        # only for names not found the normal way; Python's own protocols (dunders) keep their AttributeError
+        if name.startswith("__") or name in ("_t", "node"):
+            raise AttributeError(name)
+        raise UnknownAttributeError(
+            f"{_user_line()} (.{name}): a traced value has no attribute {name!r}; it has .split(n), slices "
+            "s[a:b], .width, and on per-edge values .sum(), .mean(), .max(); functions are cavs.sigmoid, "
+            "cavs.tanh, cavs.exp, ... (docs/library.md lists every op)")
 
 
 class Param:

@@ -325,6 +325,30 @@ def test_an_unsupported_op_names_itself_and_the_line():
         model_of(numpy_sum)
 
 
+def test_python_protocols_a_traced_value_lacks_name_the_line():
+    """An unknown attribute, len(), float() and a NumPy array in F each name the user's line;
+    hasattr() still answers False (the attribute error is an AttributeError too)."""
+    cases = [(lambda h: h.T, r"test_edges.py:\d+ \(\.T\): a traced value has no attribute 'T'"),
+             (lambda h: len(h), r"test_edges.py:\d+ \(len\): a traced value is one row vector"),
+             (lambda h: float(h), r"test_edges.py:\d+: a traced value has no number while F is traced"),
+             (lambda h: np.ones(H) + h, rf"test_edges.py:\d+ \(numpy.add\): a NumPy array of shape \({H},\) in F")]
+    for use, message in cases:
+        with pytest.raises(cavs.TraceError, match=message):
+            model_of(lambda v, p, use=use: v.scatter(use(v.pull())))
+    model_of(lambda v, p: (v.scatter(v.pull() if not hasattr(v.pull(), "T") else None), v.push(v.pull())))
+
+
+def test_numpy_scalars_and_abs_are_ops():
+    """np.float32(0.5) * h and np.sqrt(2) * h (a NumPy scalar first) and abs(h) trace to ops; the
+    scalar first once recursed without end."""
+    def scaled(v, p):
+        h = v.pull()
+        v.scatter(np.float32(0.5) * h + np.sqrt(2.0) * h - np.float64(1) + abs(h))
+        v.push(h)
+    ops = [n.op for n in model_of(scaled).F.nodes]
+    assert ops.count("scale") == 2 and "shift" in ops and "abs" in ops
+
+
 @pytest.mark.parametrize("rate", [1.0, -0.1, 2, "half"])
 def test_a_dropout_rate_outside_0_1_is_refused(rate):
     def drops(v, p):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import MutableMapping
 
 import numpy as np
@@ -27,7 +28,7 @@ from .backend import get_backend
 from .loss import softmax, softmax_cross_entropy, warm_up as loss_warm_up
 from .lowering import Lowered
 from .memory import Counters, EdgePlan, LossPlan, MessagePlans, PullPlan, Timings
-from .model import EMBEDDING, HEAD
+from .model import EMBEDDING, HEAD, Batch
 from .scheduler import POLICIES
 from .support import SKIP, actions
 
@@ -305,6 +306,9 @@ class Engine:
 
     def _pass(self, batch, train: bool = True) -> float:
         self._prepare(batch, train=train)
+        if self.model.has_head and not (batch.forest.labels >= 0).any():
+            warnings.warn("no vertex of this batch has a label (all -1): its loss is 0 and a training step "
+                          "changes nothing; give the graphs labels=", stacklevel=3)
         self.counters.reset()
         t0 = time.perf_counter()
         if train:
@@ -362,7 +366,10 @@ class Engine:
         """A batch made by another model (another vertex function, sizes, head) is refused; one made
         without a model has its labels and tokens checked against this one (out of range, the loss
         and the lookup would read past their tables)."""
-        made_by = getattr(batch, "model", None)
+        if not isinstance(batch, Batch):
+            raise TypeError(f"the engine takes a cavs.Batch, got {type(batch).__name__}: make one with "
+                            f"engine.model.make_batch(graphs) (a list of cavs.Graph)")
+        made_by = batch.model
         if made_by is None:       # a Batch built by hand: its labels and tokens checked once, as make_batch does
             batch.cached(("checked", self.model.signature), lambda: self.model._check(batch.forest))
         elif made_by is not self.model and made_by.signature != self.model.signature:

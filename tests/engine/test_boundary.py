@@ -64,6 +64,24 @@ def test_a_batch_of_another_model_is_refused_naming_both(other):
     cavs.Engine(mine, fusion=False).loss_and_grads(model().make_batch([dag()]))    # an equal model's: fine
 
 
+def test_graphs_instead_of_a_batch_are_refused_with_the_fix():
+    mine = model()
+    engine = cavs.Engine(mine, fusion=False)
+    for wrong in (dag(), [dag()]):
+        with pytest.raises(TypeError, match=r"takes a cavs.Batch, got (Graph|list): make one with "
+                                            r"engine.model.make_batch\(graphs\)"):
+            engine.step(wrong)
+
+
+def test_a_training_batch_without_a_label_warns():
+    mine = model()
+    engine = cavs.Engine(mine, fusion=False)
+    batch = mine.make_batch(unlabelled([dag()]))
+    with pytest.warns(UserWarning, match=r"no vertex of this batch has a label .*: its loss is 0"):
+        assert engine.step(batch) == 0.0
+    engine.predict(batch)          # predictions need no labels
+
+
 def test_a_label_beyond_the_head_fails_clearly_however_the_batch_was_made():
     g = cavs.Graph.from_children([[], [0]], tokens=[1, 2], labels=[1, 4], name="label four")
     three = model(classes=3)

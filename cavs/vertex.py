@@ -252,11 +252,11 @@ class Symbol:
         raise TraceError(f"{_user_line()} (len): a traced value is one row vector per vertex; its width is "
                          f".width ({self.width})")
 
-    def _number(self):
+    def _no_number(self):
         raise TraceError(f"{_user_line()}: a traced value has no number while F is traced (it stands for every "
                          "vertex's row); compute with it, or read results from engine.predict / engine.forward")
 
-    __float__ = __int__ = __index__ = __complex__ = _number
+    __float__ = __int__ = __index__ = __complex__ = _no_number
 
     def __getattr__(self, name):
         # only for names not found the normal way; Python's own protocols (dunders) keep their AttributeError

@@ -85,6 +85,8 @@ def cmd_run(parser, args):
     _check_subset(parser, "panel", args.panels, [p.id for p in exp.panels])
     if args.threads < 1:
         parser.error("--threads must be at least 1")
+    if args.results and os.path.exists(args.results) and not os.path.isdir(args.results):
+        parser.error(f"--results {args.results} is a file; give a directory (it is created if missing)")
     if args.dry_run:
         profile = get_profile(args.profile or ("paper" if machine.gpu_present() else "cpu"))
         # every cell, installed or not: the estimate is for the full sweep

@@ -68,6 +68,14 @@ def test_cli_rejects_bad_arguments(capsys):
     assert exit_.value.code == 0
 
 
+def test_cli_refuses_a_file_as_the_results_directory(tmp_path, capsys):
+    a_file = tmp_path / "fig8.csv"
+    a_file.write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        experiments_main(["run", "table1", "--results", str(a_file)])
+    assert exit_.value.code == 2 and f"--results {a_file} is a file; give a directory" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- runner
 
 @pytest.mark.slow

@@ -306,7 +306,7 @@ class Engine:
 
     def _pass(self, batch, train: bool = True) -> float:
         self._prepare(batch, train=train)
-        if self.model.has_head and not (batch.forest.labels >= 0).any():
+        if self.model.has_head and not batch.cached(("labelled",), lambda: bool((batch.forest.labels >= 0).any())):
             warnings.warn("no vertex of this batch has a label (all -1): its loss is 0 and a training step "
                           "changes nothing; give the graphs labels=", stacklevel=3)
         self.counters.reset()

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import blas as cpu_blas
 from . import fusion as kernels
-from . import optim, planning
+from . import optim, planning, tokens
 from .backend import get_backend
 from .loss import softmax, softmax_cross_entropy, warm_up as loss_warm_up
 from .lowering import Lowered
@@ -43,7 +43,8 @@ class Engine:
     def __init__(self, model, backend: str | None = None, policy: str = "batched", *,
                  optimizer: "optim.Optimizer | None" = None,
                  lazy: bool = True, eager: bool = True, fusion: bool | None = None,
-                 streaming: bool | None = None, threads: int | None = None, blas: str | None = None,
+                 streaming: bool | None = None, share_tokens: bool = True,
+                 threads: int | None = None, blas: str | None = None,
                  seed: int | None = None, frozen=(), on_nonfinite: str = "raise"):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
@@ -64,7 +65,9 @@ class Engine:
         on_gpu = self.backend.name == "cupy"
         self.options = {"lazy": lazy, "eager": eager,
                         "fusion": True if fusion is None else fusion,
-                        "streaming": on_gpu if streaming is None else streaming}
+                        "streaming": on_gpu if streaming is None else streaming,
+                        # products of a word's embedding once per distinct word of a batch (tokens.py)
+                        "share_tokens": share_tokens}
         self.xp = self.backend.xp
         if threads:      # BLAS threads for this process (the benchmarks pin 1)
             from threadpoolctl import threadpool_limits
@@ -356,6 +359,10 @@ class Engine:
                 batch.forest.features, dtype=self.dtype))
         elif low.pulls:
             self._pull_table = self._params[EMBEDDING]
+            if low.shared is not None:
+                low.batch.tokens = tokens.BatchTokens(self._pull_plan, self._pull_table,
+                                                      batch.cached(("token ranges", be, *key), dict),
+                                                      self.backend, self.dtype)
         degree = batch.cached(("degree", be), lambda: self.backend.asarray(sched.degree[:, None], dtype=self.dtype)) \
             if any(n.op == "num_children" for n in low.sources) else None
         self.timings.construct_s += time.perf_counter() - t0
@@ -446,6 +453,10 @@ class Engine:
         t0 = time.perf_counter()
         for p in low.pulls:                  # F's entry: the embedding lookup fills the pull buffer
             buf, plan = A[low.slot[p]], self._pull_plan
+            if low.batch.tokens is not None:     # only shared products read it: they look up the
+                self.counters.kernels["pull"] += 1    # distinct words' rows themselves (tokens.py)
+                self.counters.bytes_moved["pull"] += len(plan.unique_host) * buf.shape[1] * self.dtype.itemsize
+                continue
             if plan.prefix is not None:
                 self.backend.take_rows(self._pull_table, plan.tokens, buf[:plan.prefix])
             else:
@@ -487,9 +498,11 @@ class Engine:
     def _backward(self):
         low, A, n_rows = self._low, self._low.arrays, self._sched.num_rows
         A[low.slot[low.dstate]][:n_rows].fill(0)
+        if low.batch.tokens is not None:     # the shared input gradients add into it (tokens.py)
+            low.batch.tokens.start_backward(self._pull_width)
         self._run(low.backward_phases, reverse=True)
         self._emb_grad = None
-        if low.dpull is not None and not self.model.uses_features:   # d(pull) to the embedding rows
+        if low.dpull is not None and not self.model.uses_features and low.batch.tokens is None:
             t0 = time.perf_counter()
             plan = self._pull_plan
             d = A[low.slot[low.dpull]]
@@ -499,6 +512,9 @@ class Engine:
 
     def _row_grads(self):
         """The embedding's gradient as one summed row per distinct token read: (rows, grads)."""
+        tok = self._low.batch.tokens
+        if tok is not None and tok.grad is not None:
+            return self._pull_plan.unique_tokens, tok.grad
         if self._emb_grad is None:
             return None, None
         plan = self._pull_plan

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from . import fusion
+from . import fusion, tokens
 from .analysis import PHASES, affine_sums, concat_homes, phases
 from .memory import Buffers
 from .ops import OPS, Node
@@ -72,6 +72,7 @@ class Lowered:
             a.terms.sort(key=lambda t: PHASES.index(where[self.phase_of[t]]))
         self.forward_phases = self._phase_items(F.nodes, fwd)
         self.backward_phases = self._phase_items(dF.nodes, bwd)
+        self.shared = self._sharing(F, dF)
         self.steps = {}           # (item, action) -> closure
         self.subgroups = {}       # (fused group, its computing members) -> the smaller fused group
         self.task_steps = {}      # loop signature -> steps, shared by tasks alike in what they skip
@@ -95,6 +96,21 @@ class Lowered:
             items[p] = fusion.contracted_order(ops, groups)
         return items
 
+    def _sharing(self, F, dF):
+        """The products computed once per distinct token (tokens.py), or None: where the option
+        is off, on the GPU (untested there), with streaming (its eager and lazy chunks would each
+        share within themselves only), or where a product is bounded by child slots or an add of
+        the embedding's gradient is fused with other ops."""
+        if not self.options.get("share_tokens") or self.backend.name != "numpy" or self.options["streaming"]:
+            return None
+        s = tokens.find(F, dF, self.consumers)
+        if s is None:
+            return None
+        fused = {m for g in self.fused_groups() for m in g.nodes}
+        if (s.products | s.weight_grads | s.input_grads) & set(self.bound) or s.elided & fused:
+            return None
+        return s
+
     def fused_groups(self) -> list:
         return [it for ph in (self.forward_phases, self.backward_phases) for items in ph.values()
                 for it in items if isinstance(it, fusion.FusedGroup)]
@@ -114,6 +130,8 @@ class Lowered:
                 self.steps[key] = self.pass_step(item, item.inputs[action - PASS])
             else:
                 self.steps[key] = self.compute_step(item) if action == COMPUTE else self.zero_step(item)
+            if self.shared is not None and item in self.shared.elided:
+                self.steps[key] = self.unless_shared(self.steps[key])
         return self.steps[key]
 
     def item_steps(self, item, action_of, variants: bool = True) -> list:
@@ -163,6 +181,17 @@ class Lowered:
                    "concat": self.concat_step}.get(n.op)
         if factory is not None:
             return factory(n)
+        if self.shared is not None and n in self.shared.products:
+            return self.shared_product_step(n, "write", self.op_step(n))
+        if self.shared is not None and n in self.shared.weight_grads:
+            return self.shared_weight_grad_step(n, self.op_step(n))
+        if self.shared is not None and n in self.shared.input_grads:
+            return self.shared_input_grad_step(n, self.op_step(n))
+        step = self.op_step(n)
+        return self.subset_step(n, step) if n in self.bound else step
+
+    def op_step(self, n: Node):
+        """Node n by its OPS row's implementation, on rows [a, b) (a reduction: into its gradient)."""
         be, A, kernels = self.backend, self.arrays, self.counters.kernels
         o, op, attrs = self.slot[n], n.op, n.attrs
         run = OPS[op].run
@@ -179,7 +208,7 @@ class Lowered:
                 run(be, A[o][a:b], [A[s] if p else A[s][a:b] for s, p in ins], attrs)
                 kernels[op] += 1
             step = op_step
-        return self.subset_step(n, step) if n in self.bound else step
+        return step
 
     def rows_with_children(self, n: Node, a: int, b: int, t: int = -1):
         """The rows of [a, b) whose vertex has one of the children that bound n
@@ -301,6 +330,8 @@ class Lowered:
                 out[...] = A[bias] if bias is not None else 0
             out[rows] += part
             kernels["matmul-rows"] += 1
+        if self.shared is not None and n in self.shared.products:
+            return self.shared_product_step(n, how, term, s.root, s.bias)
         return term
 
     def pass_step(self, n: Node, source: Node):
@@ -444,3 +475,85 @@ class Lowered:
             xp.divide(out, total[local], out=out)
             kernels["edge_softmax"] += 1
         return edge_softmax
+
+    # ------------------------------------------------------------ token sharing (tokens.py)
+
+    def unless_shared(self, regular):
+        """An add of the embedding's gradient: nothing to do where the batch shares tokens (the
+        input gradients then accumulate into the embedding's gradient themselves)."""
+        def add_unless_shared(a, b, t):
+            if self.batch.tokens is None:
+                regular(a, b, t)
+        return add_unless_shared
+
+    def shared_product_step(self, n: Node, how: str, regular, root: Node | None = None, bias: Node | None = None):
+        """x @ W on rows [a, b) as E[u] @ W for the range's distinct tokens u, each row then given
+        its token's row: written ("write": the bias, or zeros, on rows without a word) or added
+        ("accumulate") into the output (an affine sum's root, or the product's own rows)."""
+        A, be, xp, kernels = self.arrays, self.backend, self.xp, self.counters.kernels
+        o = self.slot[root if root is not None else n]
+        w, bias = self.slot[n.inputs[1]], None if bias is None else self.slot[bias]
+        accumulate = how == "accumulate"
+
+        def shared_product(a, b, t):
+            tok = self.batch.tokens
+            if tok is None:
+                regular(a, b, t)
+                return
+            r = tok.range(a, b)
+            out = A[o][a:b]
+            if not accumulate and not r.dense:
+                out[...] = 0 if bias is None else A[bias]
+            if r.count:
+                x = tok.inputs(r, a, b)
+                p = xp.empty((r.distinct, out.shape[1]), dtype=out.dtype)
+                with_bias = not accumulate and bias is not None and r.dense
+                be.gemm(p, x, A[w], bias=A[bias] if with_bias else None)
+                if r.dense and not accumulate:
+                    be.take_rows(p, r.slot, out)
+                elif r.dense:
+                    out += p[r.slot]
+                else:
+                    out[r.rows] += p[r.slot]
+            kernels["matmul"] += 1
+        return shared_product
+
+    def shared_weight_grad_step(self, n: Node, regular):
+        """dW += x^T dy on rows [a, b) as E[u]^T dy_u, with dy summed per distinct token."""
+        A, be, kernels = self.arrays, self.backend, self.counters.kernels
+        grad, dy = self.grads[n.attrs["param"]], self.slot[n.inputs[1]]
+
+        def shared_weight_grad(a, b, t):
+            tok = self.batch.tokens
+            if tok is None:
+                regular(a, b, t)
+                return
+            r = tok.range(a, b)
+            if r.count:
+                summed = tok.summed(A[dy][a:b], (dy, a, b), r)
+                be.gemm(grad, tok.inputs(r, a, b).T, summed, accumulate=True)
+            kernels["param_grad"] += 1
+        return shared_weight_grad
+
+    def shared_input_grad_step(self, n: Node, regular):
+        """dy @ W^T on rows [a, b), a term of the pull's gradient: dy_u @ W^T for the range's
+        distinct tokens, added into the embedding's gradient rows (one per distinct token)."""
+        A, be, xp, kernels = self.arrays, self.backend, self.xp, self.counters.kernels
+        dy, w = self.slot[n.inputs[0]], self.slot[n.inputs[1]]
+
+        def shared_input_grad(a, b, t):
+            tok = self.batch.tokens
+            if tok is None:
+                regular(a, b, t)
+                return
+            r = tok.range(a, b)
+            if r.count:
+                summed = tok.summed(A[dy][a:b], (dy, a, b), r)
+                if r.whole:
+                    be.gemm(tok.grad, summed, A[w].T, accumulate=True)
+                else:
+                    part = xp.empty((r.distinct, tok.grad.shape[1]), dtype=tok.grad.dtype)
+                    be.gemm(part, summed, A[w].T)
+                    tok.grad[r.global_slot] += part
+            kernels["matmul_t"] += 1
+        return shared_input_grad

@@ -208,12 +208,13 @@ class PullPlan:
         self.num_rows = len(rows)
         # rows are in task order, so on trees the leaves (with words) are a prefix: one take
         self.prefix = len(rows) if (rows == np.arange(len(rows))).all() else None
-        self.rows = backend.index(rows)
+        self.rows, self.rows_host = backend.index(rows), rows
         tokens = sched.order[rows] if pull_all else sched.tokens[rows]
         self.tokens = backend.index(tokens)
         # the embedding's sparse gradient: one summed row per distinct token (optim.py)
         unique, slot = np.unique(tokens, return_inverse=True)
         self.unique_tokens, self.token_slot = backend.index(unique), backend.index(slot)
+        self.unique_host, self.token_slot_host = unique, slot       # for token sharing (tokens.py)
         # rows without input in the tasks that read pull(): the only ones that must hold zeros
         read_rows = np.repeat(read_tasks, np.diff(sched.bounds))
         self.zero_rows = backend.index(np.flatnonzero(read_rows & ~has))

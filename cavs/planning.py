@@ -37,6 +37,7 @@ class BatchPlans:
     edges: object
     actions: dict
     row_sets: dict = field(default_factory=dict)    # (slots, a, b) -> the rows with those children
+    tokens: object = None     # tokens.BatchTokens where the batch's products share tokens
 
 
 def _on_edges(item) -> bool:

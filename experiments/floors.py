@@ -85,29 +85,42 @@ def _counts(graphs):
     return with_input, with_children, edges, labelled
 
 
-def workload_products(workload: str, hidden: int, samples: list) -> list[Product]:
+def distinct_words(graphs, batch_size: int, where=None) -> int:
+    """The rows of a product of the word embedding: the distinct tokens of each batch of
+    `batch_size` graphs (at the vertices `where(graph)` selects, default all with a word). The
+    engine computes x @ W once per distinct word of a batch (cavs/tokens.py), so a floor that
+    counted every word would not bound it."""
+    total = 0
+    for i in range(0, len(graphs), batch_size):
+        tokens = [g.tokens[(g.tokens >= 0) & (True if where is None else where(g))] for g in graphs[i:i + batch_size]]
+        total += len(set(int(t) for ts in tokens for t in ts))
+    return total
+
+
+def workload_products(workload: str, hidden: int, samples: list, batch_size: int = 64) -> list[Product]:
     """The products a paper workload's training needs on `samples`, each on the rows that have its
-    input: the input projection at vertices with a token, the state product at vertices with
-    children, the output layer at labelled vertices."""
+    input: the input projection at the distinct tokens of each batch (distinct_words), the state
+    product at vertices with children, the output layer at labelled vertices."""
     import cavs
     s = cavs.workloads.sizes(workload, hidden)
     graphs = [cavs.workloads.to_graph(workload, x, i) for i, x in enumerate(samples)]
-    with_input, with_children, _, labelled = _counts(graphs)
+    _, with_children, _, labelled = _counts(graphs)
     gates, state_in = GATES[workload], state_in_width(workload, hidden)
     out = trained(with_children, state_in, gates * hidden)
     if workload != "tree_fc":                  # Tree-FC adds its embedding row, no product
-        out += trained(with_input, s.embed, gates * hidden)
+        out += trained(distinct_words(graphs, batch_size), s.embed, gates * hidden)
     return out + trained(labelled, hidden, s.classes)
 
 
-def child_sum_products(trees, hidden: int, embed: int, classes: int) -> list[Product]:
-    """The child-sum Tree-LSTM's products: x W (3H gates) at vertices with a word, x Wf (the forget
-    gates' share of the vertex's word, which only its edges read) at vertices with a word and
-    children, h_sum U at vertices with children, h_k Uf once per edge, the output layer at
-    labelled ones. (In SST's n-ary trees the words are on the leaves, so x Wf is needed nowhere: a
-    floor that counted it at every word was 12% too high at h = 256, E = 128.)"""
-    words, inner, edges, labelled = _counts(trees)
-    both = sum(int(((g.tokens >= 0) & (g.children >= 0).any(axis=1)).sum()) for g in trees)
+def child_sum_products(trees, hidden: int, embed: int, classes: int, batch_size: int = 64) -> list[Product]:
+    """The child-sum Tree-LSTM's products: x W (3H gates) at each batch's distinct words, x Wf (the
+    forget gates' share of the vertex's word, which only its edges read) at the distinct words of
+    vertices with children, h_sum U at vertices with children, h_k Uf once per edge, the output
+    layer at labelled ones. (In SST's n-ary trees the words are on the leaves, so x Wf is needed
+    nowhere: a floor that counted it at every word was 12% too high at h = 256, E = 128.)"""
+    _, inner, edges, labelled = _counts(trees)
+    words = distinct_words(trees, batch_size)
+    both = distinct_words(trees, batch_size, lambda g: (g.children >= 0).any(axis=1))
     H, E = hidden, embed
     return trained(words, E, 3 * H) + trained(both, E, H) + trained(inner, H, 3 * H) + \
         trained(edges, H, H) + trained(labelled, H, classes)
@@ -313,9 +326,9 @@ def floor_s(macs: float, rate: float) -> float:
     return 2 * macs / rate
 
 
-def needed_macs(workload: str, hidden: int, samples: list) -> float:
+def needed_macs(workload: str, hidden: int, samples: list, batch_size: int = 64) -> float:
     """Training multiply-adds of the products the workload needs (3 x forward)."""
-    return sum(p.flops for p in workload_products(workload, hidden, samples)) / 2
+    return sum(p.flops for p in workload_products(workload, hidden, samples, batch_size)) / 2
 
 
 def child_sum_macs(trees, hidden: int, embed: int, classes: int) -> float:

@@ -243,7 +243,7 @@ def measure(name: str, args) -> dict:
 
 def yardsticks(trees, batch_size: int, args) -> dict:
     """The floor and the frontier bound of the child-sum model on `trees` (see the docstring)."""
-    needed = floors.child_sum_products(trees, args.hidden, args.embed, CLASSES)
+    needed = floors.child_sum_products(trees, args.hidden, args.embed, CLASSES, batch_size)
     frontier = floors.child_sum_frontier(trees, args.hidden, batch_size)
     loop = {("nn", args.hidden, 3 * args.hidden), ("nt", 3 * args.hidden, args.hidden),
             ("nn", args.hidden, args.hidden), ("nt", args.hidden, args.hidden)}

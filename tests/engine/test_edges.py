@@ -57,6 +57,16 @@ def test_child_sum_on_edges_equals_pytorch(graphs, fusion):
     check(engine, model, graphs, loss, grads, probs)
 
 
+def test_a_child_listed_twice_is_two_edges():
+    """Vertex 3 lists vertex 1 twice: two edges, each read, both gradients added into vertex 1."""
+    twice = cavs.Graph.from_children([[], [], [0, 1], [1, 2, 1]], tokens=[4, 9, -1, 2],
+                                     labels=[1, -1, 2, 0], name="child twice")
+    model = edge_model()
+    engine = cavs.Engine(model)
+    loss, grads, probs = reference([twice, dag()], dict(engine.params))
+    check(engine, model, [twice, dag()], loss, grads, probs)
+
+
 def test_batched_equals_serial_and_every_policy():
     graphs = [dag(), *wide_trees(2)]
     model = edge_model()

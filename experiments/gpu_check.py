@@ -127,7 +127,9 @@ def experiments(grid) -> tuple:
         values = batch_sizes if p.vary == "batch_size" else hiddens
         panels.append(dataclasses.replace(p, systems=tuple(s for s in p.systems if s in SYSTEMS), values=values))
     ablation = get_experiment("ablation")
-    cut = [p for p in ablation.panels if p.id in ABLATION_PANELS]
+    # token sharing is a NumPy path (cavs/tokens.py): on CuPy its variant would be all-off again
+    cut = [dataclasses.replace(p, variants=tuple(v for v in p.variants if v[0] != "share_tokens"))
+           for p in ablation.panels if p.id in ABLATION_PANELS]
     if ABLATION_AT is not None:
         cut = [dataclasses.replace(p, values=(ABLATION_AT[0],), hidden=ABLATION_AT[1]) for p in cut]
     return dataclasses.replace(fig8, panels=tuple(panels)), dataclasses.replace(ablation, panels=tuple(cut))

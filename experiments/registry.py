@@ -40,13 +40,14 @@ SYSTEM_FACTS = {
 # make large cells very slow: it is measured at these points of a sweep only (where the sweep has them).
 PER_SAMPLE_POINTS = {"batch_size": (1, 4, 16), "hidden": (64, 128)}
 
-_OFF = {"lazy": False, "fusion": False, "streaming": False, "eager": False}
+_OFF = {"lazy": False, "fusion": False, "streaming": False, "eager": False, "share_tokens": False}
 ABLATION_VARIANTS = (
     ("all-off", _OFF),
     ("lazy", {**_OFF, "lazy": True}),
     ("fusion", {**_OFF, "fusion": True}),
     ("streaming", {**_OFF, "streaming": True}),
     ("eager", {**_OFF, "eager": True}),
+    ("share_tokens", {**_OFF, "share_tokens": True}),
     ("all-on", {k: True for k in _OFF}),
 )
 DEFAULT_VARIANT = (("default", {}),)

@@ -67,12 +67,13 @@ def claims(results: Path) -> str:
                          f"{serial.mean() / batched.iloc[0]:.1f}x"))
     if len(abl):
         base = abl[abl.variant == "all-off"].set_index("workload").epoch_s
-        for variant in ("lazy", "eager", "fusion", "streaming", "all-on"):
+        for variant in ("lazy", "eager", "fusion", "streaming", "share_tokens", "all-on"):
             on = abl[abl.variant == variant].set_index("workload").epoch_s
             r = (base / on).dropna()
             text = ", ".join(f"{w} {v:.2f}x" for w, v in r.items()) or "not measured"
             claim = {"lazy": "Lazy batching: about 20% (1.2x)", "fusion": "Fusion: about 20% (1.2x)",
                      "streaming": "Streaming: a gain on the GPU", "eager": "Eager batching (not in the paper)",
+                     "share_tokens": "Token sharing: a word's products once per batch (not in the paper)",
                      "all-on": "All optimizations together"}[variant]
             rows.append((claim, f"ablation: all-off / {variant}", text))
     if len(fig9):

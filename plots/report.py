@@ -32,7 +32,7 @@ SWEEP_STATUS_OK = "ok"
 WORKLOADS = {"fixed_lstm": "Fixed-LSTM", "var_lstm": "Var-LSTM", "tree_fc": "Tree-FC", "tree_lstm": "Tree-LSTM"}
 SYSTEM_ORDER = ("cavs", "cavs-serial", "cudnn", "tensorflow", "dynet", "dynet-depth", "fold", "fold-n",
                 "pytorch-levels", "pytorch")
-VARIANT_ORDER = ("all-off", "lazy", "eager", "fusion", "streaming", "all-on")
+VARIANT_ORDER = ("all-off", "lazy", "eager", "fusion", "streaming", "share_tokens", "all-on")
 HEADERS = {"batch_size": "bs", "hidden": "h", "leaves": "L", "workload": "workload", "panel": "panel",
            "mode": "mode", "system": "system"}
 

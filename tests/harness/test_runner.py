@@ -43,7 +43,7 @@ def test_registry_has_the_papers_panels_and_grids():
     assert registry.get_experiment("table2").panels[0].modes == ("train", "infer")
     ablation = registry.get_experiment("ablation")
     assert {p.workload for p in ablation.panels} == {"fixed_lstm", "var_lstm", "tree_lstm"}
-    assert [v for v, _ in ablation.panels[0].variants] == ["all-off", "lazy", "fusion", "streaming", "eager", "all-on"]
+    assert [v for v, _ in ablation.panels[0].variants] == ["all-off", "lazy", "fusion", "streaming", "eager", "share_tokens", "all-on"]
 
 
 def test_cell_ids_are_deterministic_and_unique():

@@ -24,14 +24,13 @@ class CavsSystem(System):
     takes_adagrad = True
 
     def __init__(self, workload, *, policy="batched", backend=None, lazy=True, eager=True,
-                 fusion=None, streaming=None, share_tokens=None, **kwargs):
+                 fusion=None, streaming=None, share_tokens=True, **kwargs):
         super().__init__(workload, **kwargs)
         self.model = cavs.models.build(workload, hidden=self.hidden, seed=self.seed, dtype=self.dtype,
                                        leaves=self.leaves, embed=self.embed)
         backend = backend or ("cupy" if self.device == "cuda" else "numpy")
-        options = dict(lazy=lazy, eager=eager, fusion=fusion, streaming=streaming)   # None: engine default
-        if share_tokens is not None:
-            options["share_tokens"] = share_tokens
+        options = dict(lazy=lazy, eager=eager, fusion=fusion, streaming=streaming,   # None: engine default
+                       share_tokens=share_tokens)
         if self.optimizer is None:      # docs/workloads.md's rule, from the same constants the other systems read
             rule = optim.SGD(lr=workloads.LEARNING_RATE, clip_norm=workloads.CLIP_NORM)
         else:

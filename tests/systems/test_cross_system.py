@@ -84,3 +84,16 @@ def test_dynet_child_sum_gives_the_same_losses_as_cavs():
     assert result["max_degree"] >= 5
     for step, (a, b) in enumerate(zip(result["cavs"], result["dynet"])):
         assert b == pytest.approx(a, rel=2e-5), f"step {step}: cavs {a}, dynet {b}"
+
+
+def test_the_ablations_share_tokens_option_reaches_the_engine(small_samples):
+    """The ablation's variants pass share_tokens through CavsSystem; either way the same step."""
+    samples = small_samples["tree_lstm"]
+    make = get_system("cavs")
+    losses = {}
+    for share in (True, False):
+        sut = make("tree_lstm", hidden=HIDDEN, batch_size=len(samples), dtype="float64", seed=1,
+                   share_tokens=share)
+        assert sut.engine.options["share_tokens"] is share
+        losses[share] = sut.step(sut.prepare(samples))
+    assert losses[True] == pytest.approx(losses[False], rel=1e-12)

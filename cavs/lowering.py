@@ -445,8 +445,7 @@ class Lowered:
         how = "sum" if op == "edge_sum" else "max"
 
         def edge_reduce(a, b, t):
-            edges = self.batch.edges
-            be.segment_rows(how, A[o], A[x], edges.offset, edges.parent, a, b)
+            be.segment_rows(how, A[o], A[x], self.batch.edges, a, b)
             kernels[op] += 1
         return edge_reduce
 

@@ -159,13 +159,14 @@ class GatherPlan:
 
 class EdgePlan:
     """The batch's edges as index arrays: each edge's child row and parent row (the parents in
-    row order), and the first edge of each row (host array)."""
+    row order), and the first edge of each row (`offset` on the host, `first` on the device)."""
 
     def __init__(self, sched: Schedule, backend):
         self.child = backend.index(sched.edge_child)
         self.parent = backend.index(sched.edge_parent)
         self.parent_host = sched.edge_parent
         self.offset = sched.edge_offset
+        self.first = backend.index(sched.edge_offset)
         self.unique = _unique(sched.edge_child)         # False in DAGs: a child under two parents
         self.degree = sched.degree
 

@@ -134,13 +134,13 @@ class NumpyBackend:
         dst[rows] = -np.inf
         np.maximum.at(dst, idx, src)
 
-    def segment_rows(self, op: str, out, src, offset, parent, a: int, b: int):
+    def segment_rows(self, op: str, out, src, edges, a: int, b: int):
         """out[v] = the sum (op "sum") or maximum ("max") of src[offset[v]:offset[v + 1]] for each
         row v in [a, b): a vertex's edges are contiguous, sorted by parent. Zeros where a vertex has
         no edges; a maximum over a NaN is NaN. One compiled pass over the rows (the sums in edge
         order, as add_rows adds them): a third of a fill and an index_add_ on a task's edges
-        (Tree-LSTM child-sum, 160 edges x 256). `parent` (each edge's row) is the other backends'."""
-        _segment_kernels()[op](out, src, offset, a, b)
+        (Tree-LSTM child-sum, 160 edges x 256). `edges`: memory.EdgePlan (its host offsets)."""
+        _segment_kernels()[op](out, src, edges.offset, a, b)
 
     def stream(self, chunks):
         """Runs `chunks` (lists of closures) in order on a worker thread: the CPU's second stream.

@@ -4,7 +4,7 @@
 Every model of cavs.models (the paper's four, the child-sum Tree-LSTM on edges and on child
 slots), plus attention over children and a model using every op (test_edges.py's), so that every
 expression template of ops.py goes through a fused CUDA kernel and every row op of the backend
-(take_rows, add_rows, max_rows) runs. Small float64 batches; the reference is the NumPy backend
+(take_rows, add_rows, max_rows, segment_rows) runs. Small float64 batches; the reference is the NumPy backend
 unfused, with NumPy's own matmul (no library measurement, no Numba compile but the loss's)."""
 from __future__ import annotations
 
@@ -90,6 +90,38 @@ def compare(got, want, rtol: float = 1e-9, gtol: float = 1e-7):
         err = float(np.abs(np.asarray(grads[k]) - g).max()) / scale
         assert err <= gtol, f"d{k}: relative error {err:.2e} > {gtol}"
 
+
+
+def check_segment_rows(be, xp, dtype) -> None:
+    """be.segment_rows over rows [a, b) against a loop over each vertex's edges: zeros for degree 0
+    (at both ends of the range too), degrees 1 to 37 (six rounds of the CuPy backend's doubling), a
+    NaN edge (its maximum is NaN), a strided source, rows outside [a, b) untouched. The maximum is
+    exactly one of the edges' values (edge_max's gradient finds the edges equal to it); the sums
+    (atomics on a GPU: any order) to a few ulp."""
+    from types import SimpleNamespace
+    rng = np.random.default_rng(1)
+    degree = np.array([2, 0, 1, 5, 0, 3, 37, 4, 2, 0, 6])
+    offset = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
+    parent = np.repeat(np.arange(len(degree)), degree).astype(np.int64)
+    wide = rng.standard_normal((len(parent), 13)).astype(dtype)
+    wide[offset[5] + 1, 6] = np.nan                      # a NaN edge of vertex 5, column 4 below
+    src = wide[:, 2:11]
+    edges = SimpleNamespace(offset=offset, parent=be.index(parent), first=be.index(offset))
+    a, b = 1, 10
+    for op in ("sum", "max"):
+        out = xp.asarray(np.full((len(degree), 9), 7.0, dtype))
+        be.segment_rows(op, out, (wide if xp is np else xp.asarray(wide))[:, 2:11], edges, a, b)
+        got = be.to_numpy(out)
+        want = np.full_like(got, 7.0)
+        for v in range(a, b):
+            edge_rows = src[offset[v]:offset[v + 1]]
+            want[v] = 0 if len(edge_rows) == 0 else edge_rows.sum(0) if op == "sum" else edge_rows.max(0)
+        if op == "max":
+            np.testing.assert_array_equal(got, want, err_msg=op)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-12 if dtype == np.float64 else 1e-5, err_msg=op)
+        assert (got[[1, 4, 9]] == 0).all() and (got[[0, 10]] == 7).all()
+        assert np.isnan(got[5, 4]) and np.isfinite(np.delete(got[5], 4)).all()
 
 
 def check_training_steps(name: str) -> None:

@@ -53,6 +53,14 @@ def test_every_expression_template_as_a_cuda_kernel(tid, op, attrs, broadcast, d
     np.testing.assert_allclose(cupy.asnumpy(out), want, rtol=1e-12 if dtype == "float64" else 5e-6, atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_segment_rows_reduce_each_vertexs_edges(dtype):
+    """The maximum exactly one of the edges' values (edge_max's gradient needs it), the sums close."""
+    import cupy
+    from cavs.backend.cupy import CupyBackend
+    G.check_segment_rows(CupyBackend(), cupy, dtype)
+
+
 def test_fused_cuda_kernel_counts_match_the_cpu_plan():
     from tests.engine.test_fusion import KERNELS_FUSED
     model = cavs.models.build("tree_lstm", hidden=4, dtype="float64")

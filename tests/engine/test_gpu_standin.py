@@ -73,6 +73,12 @@ def test_cupy_backend_equals_numpy(standin, name, opts):
         assert standin_module.CALLS["Stream.wait_event"] > 0      # the eager phase ran on the side stream
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_segment_rows_reduce_each_vertexs_edges(standin, dtype):
+    from cavs.backend.cupy import CupyBackend
+    G.check_segment_rows(CupyBackend(), standin, dtype)
+
+
 @pytest.mark.parametrize("name", ["tree_lstm", "var_lstm", "child_sum_edges"])
 def test_float32_kernels_compute_in_float(standin, name):
     """float32: the kernels' source is checked with `typedef float T` (a double literal or a
@@ -104,7 +110,7 @@ def test_training_steps_and_predictions_equal_numpy(standin, name):
 
 def test_every_backend_call_was_exercised(standin):
     """The cases reach every CuPy call the backend, the kernels and the loss make."""
-    for name in ("tree_lstm", "child_sum_edges", "every_op"):
+    for name in ("tree_lstm", "child_sum_edges", "every_op", "attention"):
         model, samples, _ = _case(name)
         engine, batch = cavs.Engine(model, backend="cupy"), model.make_batch(samples)
         engine.loss_and_grads(batch)
@@ -217,7 +223,7 @@ def test_a_renamed_or_misused_cupy_call_fails(standin, monkeypatch):
         dst[cp.unique(idx)] = -cp.inf
         sys.modules["cupyx"].scatter_maximum(dst, idx, src)
     monkeypatch.setattr(CupyBackend, "max_rows", renamed)
-    model, samples, _ = _case("every_op")
+    model, samples, _ = _case("attention")          # kids.softmax: max_rows
     with pytest.raises(AttributeError):
         cavs.Engine(model, backend="cupy").loss_and_grads(model.make_batch(samples))
 

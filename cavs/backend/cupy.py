@@ -68,7 +68,8 @@ class CupyBackend:
         """dst[idx[i]] = max over i of src[i] for each row idx names (a segment maximum: the row's
         old value is not compared); other rows keep theirs. The rows are reset with a scatter of
         -inf through idx itself (repeated indices write the same value): cupy.unique would sort and
-        read its count back to the host, a synchronization per call."""
+        read its count back to the host, a synchronization per call. In float64 the maximum may be
+        rounded through float32 (CuPy 14.2): fine for the softmax's shift, its one use."""
         dst[idx] = -cupy.inf
         cupyx.scatter_max(dst, idx, src)
 
@@ -86,8 +87,8 @@ class CupyBackend:
 
     def _segment_max(self, out, src, edges, a: int, b: int):
         """The maximum of each vertex's edges, exactly one of its edge values (its gradient finds the
-        edges equal to it): no atomics (cupyx.scatter_max gave values equal to none of the edges'
-        on an H200, CuPy 14.2, float64), but log2(largest degree) rounds of m[e] = max(m[e],
+        edges equal to it): no atomics (CuPy 14.2's cupyx.scatter_max and cupy.maximum.at round
+        float64 through float32, measured on an H200: results/gpu/notes.md), but log2(largest degree) rounds of m[e] = max(m[e],
         m[e + s]) within a parent's edges, s = 1, 2, 4, ..., after which each vertex's first edge
         holds the maximum over its edges. A NaN edge makes it NaN. No value is read back to the
         host: the degrees come from the host's offsets, the first edges from their device copy."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from . import environment, launch
 
-LIBRARIES = ("openblas", "mkl", "onednn", "dnnl", "tensorflow")
+LIBRARIES = ("openblas", "mkl", "onednn", "dnnl", "dnnl-t", "tensorflow")
 GATES = {"tree_lstm": 5, "var_lstm": 4, "fixed_lstm": 4, "tree_fc": 1}   # matmul width / hidden
 MAX_TIMED_ROWS = 4096        # a longer product is timed at this many rows and scaled (GEMM time is linear there)
 LARGE = (2048, 1024, 2560)   # the shape of matmul_rates' product
@@ -287,7 +287,7 @@ def matmul_rates(libraries=LIBRARIES) -> dict[str, float]:
     out = {}
     for lib in libraries:
         r = _measure("time", library=lib, products=[[p.layout, p.rows, p.inner, p.outer]])
-        if r["status"] == "ok":
+        if r["status"] == "ok" and r["seconds"][0]:          # (dnnl-t runs dy W^T only)
             out[lib] = p.flops / r["seconds"][0]
     if not out:
         raise RuntimeError("no GEMM rate could be measured")

@@ -73,6 +73,30 @@ def test_dnnl_on_an_empty_inner_dimension_and_without_its_library(monkeypatch):
     assert "dnnl" not in blas.available("float32") and blas.dnnl_version() is None
 
 
+def test_dnnl_t_copies_the_weight_once_per_pass():
+    """dnnl-t runs dy W^T on a row-major copy of W^T: the copy serves the pass, and a weight updated
+    in place between passes (as the optimizer does) is copied again at new_pass()."""
+    lib = blas.make("dnnl-t")
+    if not lib.supports(np.float32, "nt"):
+        pytest.skip("oneDNN's library (onednn-cpu-gomp) is not installed here")
+    assert not lib.supports(np.float32, "nn") and not lib.supports(np.float64, "nt")
+    assert "dnnl-t" in blas.available("float32") and "dnnl-t" not in blas.available("float32", "nn")
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((40, 96)).astype(np.float32)          # (outer, inner): dx = dy @ w.T
+    dy = rng.standard_normal((7, 96)).astype(np.float32)
+    out = np.empty((7, 40), np.float32)
+    lib.new_pass()
+    lib.gemm(out, dy, w.T)
+    np.testing.assert_allclose(out, dy @ w.T, rtol=1e-4, atol=1e-4)
+    assert len(lib._copies) == 1
+    lib.gemm(out, dy, w.T, accumulate=True)                        # the same copy, not a second one
+    assert len(lib._copies) == 1
+    w *= -2                                                        # the optimizer's in-place update
+    lib.new_pass()
+    lib.gemm(out, dy, w.T)
+    np.testing.assert_allclose(out, dy @ w.T, rtol=1e-4, atol=1e-4)
+
+
 def test_measure_times_every_library_on_each_key():
     libs = [name for name in blas.available("float32")]
     times = blas.measure([("nn", 8, 16, 24), ("tn", 8, 16, 24)], np.float32, libs)

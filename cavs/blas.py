@@ -228,7 +228,29 @@ class Mkl:
             self._t.mm(t(a), t(b), out=t(out))
 
 
-class OneDnn:
+class PerPassWeights:
+    """A library that prepares each weight once per pass (oneDNN's packing, dnnl-t's row-major
+    copy), keyed by the weight's memory: parameters change between passes (the optimizer updates
+    them in place), so new_pass() drops what was prepared. `_prepare(b)` makes one."""
+
+    def _init_cache(self):
+        self._copies: dict = {}
+        self._lock = threading.Lock()
+
+    def new_pass(self):
+        self._copies.clear()
+
+    def _weight(self, b):
+        key = (b.ctypes.data, b.shape, b.strides)
+        w = self._copies.get(key)
+        if w is None:
+            w = self._prepare(b)
+            with self._lock:
+                self._copies[key] = w
+        return w
+
+
+class OneDnn(PerPassWeights):
     """oneDNN's inner product (PyTorch's copy, torch.ops.mkldnn._linear_pointwise) with the weight
     packed in oneDNN's blocked layout once per pass: x W packs W^T, dy W^T packs W. Parameters
     change between passes (the optimizer updates them in place), so new_pass() drops the packs."""
@@ -237,8 +259,7 @@ class OneDnn:
 
     def __init__(self):
         self._t = _torch()
-        self._packed: dict = {}
-        self._lock = threading.Lock()
+        self._init_cache()
 
     def supports(self, dtype, layout) -> bool:
         if self._t is None or np.dtype(dtype).name != "float32" or layout not in ("nn", "nt"):
@@ -248,18 +269,9 @@ class OneDnn:
         except (AttributeError, RuntimeError):
             return False
 
-    def new_pass(self):
-        self._packed.clear()
-
-    def _weight(self, b):
-        key = (b.ctypes.data, b.shape, b.strides)
-        w = self._packed.get(key)
-        if w is None:
-            # linear's weight is (outer, inner): W^T for x W (b = W), W itself for dy W^T (b = W.T)
-            w = self._t.ops.mkldnn._reorder_linear_weight(self._t.from_numpy(b).T, self.PACK_ROWS)
-            with self._lock:
-                self._packed[key] = w
-        return w
+    def _prepare(self, b):
+        # linear's weight is (outer, inner): W^T for x W (b = W), W itself for dy W^T (b = W.T)
+        return self._t.ops.mkldnn._reorder_linear_weight(self._t.from_numpy(b).T, self.PACK_ROWS)
 
     def gemm(self, out, a, b, accumulate=False, bias=None):
         t, ops = self._t.from_numpy, self._t.ops.mkldnn
@@ -323,7 +335,7 @@ class Dnnl(StridedGemm):
             raise RuntimeError(f"dnnl_sgemm failed with status {status} on a {m}x{k} by {k}x{n} product")
 
 
-class DnnlTransposed(Dnnl):
+class DnnlTransposed(PerPassWeights, Dnnl):
     """dy W^T as dy (W^T) with W^T copied out row-major once per pass, then dnnl_sgemm without a
     transpose. Measured on the Zen 4 EPYC, one thread: dnnl_sgemm on dy (rows x 1280) and a
     transposed 512 x 1280 weight runs at 70-109 GFLOP/s (16 to 1024 rows), on the row-major copy at
@@ -333,23 +345,13 @@ class DnnlTransposed(Dnnl):
 
     def __init__(self):
         super().__init__()
-        self._copies: dict = {}
-        self._lock = threading.Lock()
+        self._init_cache()
 
     def supports(self, dtype, layout) -> bool:
         return layout == "nt" and super().supports(dtype, layout)
 
-    def new_pass(self):
-        self._copies.clear()
-
-    def _weight(self, b):
-        key = (b.ctypes.data, b.shape, b.strides)
-        w = self._copies.get(key)
-        if w is None:
-            w = np.ascontiguousarray(b)
-            with self._lock:
-                self._copies[key] = w
-        return w
+    def _prepare(self, b):
+        return np.ascontiguousarray(b)
 
     def gemm(self, out, a, b, accumulate=False, bias=None):
         super().gemm(out, a, self._weight(b) if layout_of(a, b) == "nt" else b, accumulate, bias)

@@ -97,6 +97,28 @@ def test_dnnl_t_copies_the_weight_once_per_pass():
     np.testing.assert_allclose(out, dy @ w.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("copier", sorted(blas._COPIERS))
+def test_row_major_copy_equals_the_strided_weight_whichever_copy_runs(copier, monkeypatch):
+    """dnnl-t's copy of W^T is exact by either copier, on transposed, sliced and float64 layouts;
+    the faster one is measured once per layout and then reused."""
+    if copier == "torch" and blas._torch() is None:
+        pytest.skip("PyTorch is not installed here")
+    monkeypatch.setattr(blas, "_copier_of", {})
+    rng = np.random.default_rng(4)
+    weights = [rng.standard_normal((40, 96)).astype(np.float32).T,
+               rng.standard_normal((64, 130)).astype(np.float32)[:, 1:129].T,
+               rng.standard_normal((33, 17)).T]
+    for b in weights:
+        blas._copier_of[(b.shape, b.strides, b.dtype.str)] = blas._COPIERS[copier]
+        copy = blas.row_major_copy(b)
+        assert copy.flags.c_contiguous and copy.dtype == b.dtype
+        np.testing.assert_array_equal(copy, b)
+    monkeypatch.setattr(blas, "_copier_of", {})
+    b = weights[0]
+    np.testing.assert_array_equal(blas.row_major_copy(b), b)
+    assert blas._copier_of[(b.shape, b.strides, b.dtype.str)] in blas._COPIERS.values()
+
+
 def test_measure_times_every_library_on_each_key():
     libs = [name for name in blas.available("float32")]
     times = blas.measure([("nn", 8, 16, 24), ("tn", 8, 16, 24)], np.float32, libs)

@@ -131,7 +131,8 @@ class Engine:
         loss = self._pass(batch)
         t0 = time.perf_counter()
         rows, row_grads = self._row_grads()
-        if not self._finite(loss, row_grads):
+        squares = self._squares(row_grads)
+        if not self._finite(loss, squares, row_grads):
             self.skipped_steps += 1
             if self.on_nonfinite == "raise":
                 names = batch.forest.names
@@ -142,7 +143,9 @@ class Engine:
             return loss
         grads = {k: g for k, g in self._grads.items() if k not in self.frozen}
         sparse = EMBEDDING if rows is not None and EMBEDDING not in self.frozen else None
-        self.optimizer.update(self.backend, self._params, grads, sparse, rows, row_grads)
+        # clipping's norm: the dense gradients updated, and the embedding's rows (as before: even frozen)
+        updated = sum(v for k, v in squares.items() if k not in self.frozen or k == EMBEDDING)
+        self.optimizer.update(self.backend, self._params, grads, sparse, rows, row_grads, updated)
         self.backend.synchronize()
         self.timings.compute_s += time.perf_counter() - t0
         return loss
@@ -421,14 +424,23 @@ class Engine:
                              "none (classes=None): use engine.forward / engine.backward (or cavs.torch) with a "
                              "head of your own")
 
-    def _finite(self, loss, row_grads) -> bool:
+    def _squares(self, row_grads) -> dict:
+        """Each gradient's sum of squares (the embedding's rows under EMBEDDING): one pass over
+        the gradients serves the finiteness check and the optimizer's clipping."""
+        xp = self.xp
+        out = {k: float(xp.vdot(g.ravel(), g.ravel())) for k, g in self._grads.items()}
+        if row_grads is not None:
+            out[EMBEDDING] = out.get(EMBEDDING, 0.0) + float(xp.vdot(row_grads.ravel(), row_grads.ravel()))
+        return out
+
+    def _finite(self, loss, squares: dict, row_grads) -> bool:
         xp = self.xp
         if not np.isfinite(loss):
             return False
-        grads = [*self._grads.values(), *([] if row_grads is None else [row_grads])]
-        if np.isfinite(sum(float(xp.vdot(g.ravel(), g.ravel())) for g in grads)):
+        if np.isfinite(sum(squares.values())):
             return True
         # the squares' sum overflows (float32: from |g| ~ 1e19) before any gradient does
+        grads = [*self._grads.values(), *([] if row_grads is None else [row_grads])]
         return all(bool(xp.isfinite(g).all()) for g in grads)
 
     def _fill_sources(self, degree, train: bool):

@@ -50,21 +50,25 @@ class Optimizer:
         for s in self.state_names:
             self.state.setdefault(s, {k: xp.zeros_like(p) for k, p in params.items()})
 
-    def clip_coefficient(self, xp, grads: dict, row_grads) -> float:
+    def clip_coefficient(self, xp, grads: dict, row_grads, squares: float | None = None) -> float:
+        """`squares`: the gradients' sum of squares where the caller has it already."""
         if self.clip_norm is None:
             return 1.0
-        total = sum(float(xp.vdot(g.ravel(), g.ravel())) for g in grads.values())
-        if row_grads is not None:
-            total += float(xp.vdot(row_grads.ravel(), row_grads.ravel()))
-        return min(1.0, self.clip_norm / (math.sqrt(total) + CLIP_EPS))
+        if squares is None:
+            squares = sum(float(xp.vdot(g.ravel(), g.ravel())) for g in grads.values())
+            if row_grads is not None:
+                squares += float(xp.vdot(row_grads.ravel(), row_grads.ravel()))
+        return min(1.0, self.clip_norm / (math.sqrt(squares) + CLIP_EPS))
 
-    def update(self, be, params: dict, grads: dict, sparse: str | None, rows, row_grads) -> None:
+    def update(self, be, params: dict, grads: dict, sparse: str | None, rows, row_grads,
+               squares: float | None = None) -> None:
         """params[k] -= ... for every dense gradient grads[k], and for the sparse parameter
         `sparse` (the embedding) on `rows` with `row_grads` (one summed row per distinct row).
-        Gradients may be overwritten."""
+        `squares`: the sum of squares of those gradients, if known (for clipping). Gradients
+        may be overwritten."""
         xp = be.xp
         self.steps += 1
-        coef = self.clip_coefficient(xp, grads, row_grads)
+        coef = self.clip_coefficient(xp, grads, row_grads, squares)
         for name, g in grads.items():
             self._dense(xp, name, params[name], g, coef)
         if sparse is not None and len(rows):

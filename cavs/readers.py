@@ -179,12 +179,11 @@ def parse_ptb_trees(lines: list[str], vocab: dict[str, int], names: list[str],
     tokens[leaf] = list(map(vocab.get, words, itertools.repeat(unknown)))
     labels = (c[open_of + 1] - 48).astype(np.int64)
     bounds = np.concatenate([[0], np.searchsorted(closes, newlines)])
-    graphs = []
-    for i, name in enumerate(names):
-        a, b = int(bounds[i]), int(bounds[i + 1])
-        kids = children[a:b]
-        graphs.append(Graph(np.where(kids >= 0, kids - a, -1), tokens[a:b], labels[a:b], name))
-    return graphs
+    first = np.repeat(bounds[:-1], np.diff(bounds))             # each vertex's line's first vertex
+    local = np.where(children >= 0, children - first[:, None], -1)  # numbered within its line
+    bounds = bounds.tolist()
+    return [Graph(local[a:b], tokens[a:b], labels[a:b], name)
+            for a, b, name in zip(bounds[:-1], bounds[1:], names)]
 
 
 def chain(tokens, labels=None, name: str = "chain") -> Graph:

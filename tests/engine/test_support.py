@@ -5,6 +5,7 @@ multiplying every row of the task, and are never taken by the paper's four model
 every vertex the same children (so their numbers and speed are those of the full products)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import cavs
@@ -106,3 +107,18 @@ def test_actions_per_signature_equal_the_walk_per_task(workload):
                 for n in walk:
                     np.testing.assert_array_equal(act[n], walk[n], err_msg=f"{workload} {policy} {mode} {n.op}")
             assert len(cache) == 1 + len(np.unique(signals, axis=1).T)     # the nodes, one column per signature
+
+
+@pytest.mark.parametrize("signals", [3, 35, 70])
+def test_distinct_columns_matches_numpy_unique(signals):
+    """The task signatures' packed unique gives the same classes as np.unique over columns (the
+    fallback above 62 signals included)."""
+    from cavs.support import _distinct_columns
+    rng = np.random.default_rng(signals)
+    sig = rng.random((signals, 40)) < 0.5
+    sig[:, 20:] = sig[:, :20]                     # every column repeated once
+    kinds, inverse = _distinct_columns(sig)
+    expected, _ = np.unique(sig, axis=1, return_inverse=True)
+    assert kinds.shape == expected.shape
+    assert (kinds[:, inverse] == sig).all()
+    assert {c.tobytes() for c in kinds.T} == {c.tobytes() for c in expected.T}

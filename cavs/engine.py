@@ -143,8 +143,8 @@ class Engine:
             return loss
         grads = {k: g for k, g in self._grads.items() if k not in self.frozen}
         sparse = EMBEDDING if rows is not None and EMBEDDING not in self.frozen else None
-        # clipping's norm: the dense gradients updated, and the embedding's rows (as before: even frozen)
-        updated = sum(v for k, v in squares.items() if k not in self.frozen or k == EMBEDDING)
+        # clipping's norm over the parameters updated, as clip_grad_norm_ over the trainable ones
+        updated = sum(v for k, v in squares.items() if k not in self.frozen)
         self.optimizer.update(self.backend, self._params, grads, sparse, rows, row_grads, updated)
         self.backend.synchronize()
         self.timings.compute_s += time.perf_counter() - t0

@@ -6,7 +6,8 @@
 Each takes `lr`, an optional L2 `weight_decay` (added to the gradient, `g + wd * p`, as
 torch.optim does) and an optional `clip_norm`: all gradients together are first scaled to a global
 L2 norm of at most `clip_norm`, exactly as `torch.nn.utils.clip_grad_norm_` (coefficient
-clip_norm / (norm + 1e-6), applied when below 1).
+clip_norm / (norm + 1e-6), applied when below 1). Parameters given to the engine as `frozen=` (the
+embedding included) neither move nor count in that norm, as `clip_grad_norm_` over the trainable ones.
 
 The embedding is updated sparsely: only the rows some vertex of the batch read change, and their
 gradient is the sum over the vertices that read them (the clipping norm counts each such row

@@ -86,3 +86,29 @@ def test_unused_embedding_rows_are_left_alone():
     assert (after[[1, 2]] != before[[1, 2]]).all()
     engine.step(model.make_batch([cavs.Graph.from_children([[]], tokens=[5], labels=[0], name="u")]))
     np.testing.assert_array_equal(engine.params["emb"][[1, 2]], after[[1, 2]])
+
+
+@pytest.mark.parametrize("frozen", [("emb",), ("U",), ("emb", "U")])
+def test_frozen_parameters_stay_out_of_the_clipping_norm(frozen):
+    """As clip_grad_norm_ over the trainable parameters: a frozen parameter, the embedding
+    included, neither moves nor counts in the global norm."""
+    graphs = all_rows_batch()
+    model = child_sum_model(8)
+    engine = cavs.Engine(model, backend="numpy", fusion=False, frozen=frozen,
+                         optimizer=cavs.optim.SGD(lr=0.5, clip_norm=0.05))
+    batch = model.make_batch(graphs)
+    P = torch_params(dict(engine.params))
+    for name in frozen:
+        P[name].requires_grad_(False)
+    trainable = [p for name, p in P.items() if name not in frozen]
+    torch_opt = torch.optim.SGD(trainable, lr=0.5)
+    for step in range(2):
+        loss = engine.step(batch)
+        torch_opt.zero_grad()
+        ref_loss, _ = reference_forward(graphs, P)
+        ref_loss.backward()
+        assert float(torch.nn.utils.clip_grad_norm_(trainable, 0.05)) > 0.05
+        torch_opt.step()
+        assert loss == pytest.approx(float(ref_loss.detach()), rel=1e-9), f"step {step}"
+        for name, p in P.items():
+            assert_close(engine.params[name], p.detach().numpy(), 1e-9, f"frozen {frozen} step {step}: {name}")

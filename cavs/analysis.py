@@ -60,22 +60,57 @@ def phases(nodes: list[Node], sources: set, sinks: set) -> dict[Node, str]:
     return out
 
 
-def concat_homes(nodes: list[Node]) -> dict[Node, tuple[Node, int]]:
+def concat_homes(nodes: list[Node], gathers: bool = False) -> dict[Node, tuple[Node, int]]:
     """Concat elision: {part: (concat, first column)} for each concat input that an op of F or
     dF writes (not a view of another buffer, not a message): it is stored in its concat's
     columns, so producing it fills the concat and the concat copies only its other parts
     (nothing, for [h; c] and the gate gradients of the LSTM cells). A part goes to its first
-    concat only."""
+    concat only.
+
+    With `gathers` (the CPU's row kernels, which write a row's pieces anywhere) a positional
+    gather is a part too, and so is a slice of one whose every consumer is a slice: the gather
+    then writes those columns of the child's state straight into the concat (gather_pieces), as
+    [hl; hr] of the binary Tree-LSTM, which otherwise copied hl and hr out of [hl; cl] and
+    [hr; cr] once more per task."""
+    consumers: dict = {}
+    for n in nodes:
+        for i in n.inputs:
+            consumers.setdefault(i, []).append(n)
+
+    def sliced_gather(p):
+        return p.op == "slice" and p.inputs[0].op == "gather" \
+            and all(c.op == "slice" for c in consumers[p.inputs[0]])
+
     home = {}
     for n in nodes:
         if n.op != "concat":
             continue
         col = 0
         for p in n.inputs:
-            if OPS[p.op].kind == "compute" and p not in home:
+            writes = OPS[p.op].kind == "compute" or (gathers and (p.op == "gather" or sliced_gather(p)))
+            if writes and p not in home:
                 home[p] = (n, col)
             col += p.shape[0]
     return home
+
+
+def gather_pieces(gather: Node, home: dict, consumers: dict) -> list[tuple[int, int, Node]] | None:
+    """Where a gather whose slices live in concats (concat_homes) writes the child's state:
+    [(first column, last column + 1, the value whose storage takes them)], the homed slices to
+    their concats and the other slices' columns to the gather's own buffer; None when no slice of
+    it is homed (the gather writes its whole row to its own storage)."""
+    slices = consumers.get(gather, [])
+    if not any(s in home for s in slices) or any(s.op != "slice" for s in slices):
+        return None
+    pieces = [(s.attrs["start"], s.attrs["stop"], s) for s in slices if s in home]
+    own = sorted((s.attrs["start"], s.attrs["stop"]) for s in slices if s not in home)
+    merged: list = []
+    for a, b in own:                       # the unhomed slices' columns, overlapping ones merged
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return pieces + [(a, b, gather) for a, b in merged]
 
 
 @dataclass(eq=False)

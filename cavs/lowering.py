@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from . import fusion, tokens
-from .analysis import PHASES, affine_sums, concat_homes, phases
+from . import fusion, row_kernels, tokens
+from .analysis import PHASES, affine_sums, concat_homes, gather_pieces, phases
 from .memory import Buffers
 from .ops import OPS, Node
 from .support import COMPUTE, PASS, ROW_SUBSET_OPS, SKIP, ZERO, row_bounds
@@ -33,15 +33,37 @@ class Lowered:
         self.grads, self.options, self.counters, self.timings = grads, options, counters, timings
         nodes = F.nodes + dF.nodes
         self.slot = {n: i for i, n in enumerate(nodes)}
-        self.home = concat_homes(nodes)
-        # concats whose parts all live in their columns: nothing to copy (a zero-fill still runs
-        # on tasks where the concat is known zero, as its parts are then skipped)
-        self.elided = {n for n in nodes if n.op == "concat"
-                       and all(self.home.get(p, (None,))[0] is n for p in n.inputs)}
+        fused_cpu = options["fusion"] and backend.name == "numpy"
+        # row moves by index as Numba loops over `based` buffers (row_kernels.py), where those exist
+        self.row_take = self.row_add = None
+        if fused_cpu:
+            self.row_take, self.row_add = row_kernels.take_kernel(dtype.name), row_kernels.add_kernel(dtype.name)
         self.consumers: dict[Node, list[Node]] = {}
         for n in nodes:
             for i in n.inputs:
                 self.consumers.setdefault(i, []).append(n)
+        self.home = concat_homes(nodes, gathers=fused_cpu)
+        # gathers that write pieces of the child's row to their slices' concats (gather_pieces)
+        self.pieces = {n: p for n in nodes if n.op == "gather"
+                       and (p := gather_pieces(n, self.home, self.consumers)) is not None}
+        # concats whose parts all live in their columns: nothing to copy (a zero-fill still runs
+        # on tasks where the concat is known zero, as its parts are then skipped)
+        self.elided = {n for n in nodes if n.op == "concat"
+                       and all(self.home.get(p, (None,))[0] is n for p in n.inputs)}
+        # the gradient of a gather whose slices have different sources (d[hl; cl]: dhl a slice of
+        # the product's gradient, dcl the cell's): the scatter adds each part from where it is,
+        # so the concat that would assemble them is never run (with the row kernels)
+        self.scattered_parts = {}
+        for n in nodes:
+            d = n.inputs[0] if n.op == "scatter_grad_child" else None
+            if fused_cpu and d is not None and d.op == "concat" and d not in self.elided \
+                    and self.consumers[d] == [n]:
+                col, parts = 0, []
+                for p in d.inputs:
+                    parts.append((col, col + p.shape[0], p))
+                    col += p.shape[0]
+                self.scattered_parts[n] = parts
+                self.elided.add(d)
         # with fusion on, matmul sums are computed in their root's buffer (affine_sums)
         self.affine = {a.root: a for a in affine_sums(nodes, self.consumers)} if options["fusion"] else {}
         self.sum_of = {n: a for a in self.affine.values() for n in a.terms + a.inner}
@@ -57,8 +79,7 @@ class Lowered:
         self.uses_edges = any(n.on_edges or n.op in ("num_children", "edge_sum", "edge_max") for n in nodes)
         stored = [n for n in nodes if n.has_rows and n.op != "slice" and n not in self.home
                   and n not in self.sum_of]
-        self.buffers = Buffers(backend, dtype, nodes, self.slot, stored, self.home, self.sum_of,
-                               fused_cpu=options["fusion"] and backend.name == "numpy")
+        self.buffers = Buffers(backend, dtype, nodes, self.slot, stored, self.home, self.sum_of, fused_cpu)
         self.arrays, self.based = self.buffers.arrays, self.buffers.based
 
         loop_sources = {n for n in F.nodes if n.op in ("gather", "child_state")}
@@ -344,55 +365,83 @@ class Lowered:
         return copy
 
     def zero_step(self, n: Node):
-        A, o, kernels = self.arrays, self.slot[n], self.counters.kernels
+        A, kernels = self.arrays, self.counters.kernels
+        # a gather in pieces: each piece where it lives (its own buffer: only the columns of its
+        # slices that are not homed, gather_pieces)
+        views = [(self.slot[v], (c0, c1) if v is n else None) for c0, c1, v in self.pieces[n]] \
+            if n in self.pieces else [(self.slot[n], None)]
 
         def zero(a, b, t):
-            A[o][a:b].fill(0)
+            for s, cols in views:
+                (A[s][a:b] if cols is None else A[s][a:b, cols[0]:cols[1]]).fill(0)
             kernels["zero-fill"] += 1
         return zero
 
     # ------------------------------------------------------------ message steps (memory moves)
 
     def gather_step(self, n: Node):
-        """gather(k): child k's state into the task's rows (zeros where a vertex has no child k)."""
+        """gather(k): child k's state into the task's rows (zeros where a vertex has no child k);
+        a gather in pieces (gather_pieces) writes each piece of the child's row where it lives."""
         A, k, be, counters = self.arrays, n.attrs["k"], self.backend, self.counters
         o, state, row_bytes = self.slot[n], self.slot[self.state], n.shape[0] * self.dtype.itemsize
+        take, based = self.row_take, self.based
+        # (first column in the state, width, slot of the storage, first column in that value)
+        pieces = [(c0, c1 - c0, self.slot[v], c0 if v is n else 0) for c0, c1, v in self.pieces.get(n, [(0, n.shape[0], n)])]
 
         def gather(a, b, t):
             t0 = time.perf_counter()
             plan = self.batch.messages.plans[t][k]
-            out = A[o][a:b]
-            if plan.mode == "all":
-                be.take_rows(A[state], plan.child_rows, out)
+            if plan.mode == "all" and take is not None:
+                src, s0 = based[state]
+                for c0, w, s, v0 in pieces:
+                    out, o0 = based[s]
+                    take(src, s0 + c0, plan.child_rows, out, a, o0 + v0, w)
                 moved = b - a
-            elif plan.mode == "none":
-                out.fill(0)
-                moved = 0
+            elif plan.mode == "all":
+                be.take_rows(A[state], plan.child_rows, A[o][a:b])
+                moved = b - a
             else:
-                out.fill(0)
-                out[plan.positions] = A[state][plan.child_rows]
-                moved = len(plan.child_rows)
+                moved = 0 if plan.mode == "none" else len(plan.child_rows)
+                for c0, w, s, v0 in pieces:
+                    out = A[s][a:b, v0:v0 + w]
+                    out.fill(0)
+                    if plan.mode == "some":
+                        out[plan.positions] = A[state][plan.child_rows, c0:c0 + w]
             counters.kernels["gather"] += 1
             counters.bytes_moved["gather"] += moved * row_bytes
             self.timings.memory_s += time.perf_counter() - t0
         return gather
 
     def scatter_grad_step(self, n: Node):
-        """The dual of gather(k): the rows' gradients added into child k's state gradient."""
+        """The dual of gather(k): the rows' gradients added into child k's state gradient; the
+        gradient of a gather in parts (scattered_parts) is added part by part from where each is."""
         A, k, be, counters = self.arrays, n.attrs["k"], self.backend, self.counters
         dy, dstate, row_bytes = self.slot[n.inputs[0]], self.slot[self.dstate], n.shape[0] * self.dtype.itemsize
+        add, based = self.row_add, self.based
+        # (first column in the state, width, slot of the part)
+        parts = [(c0, c1 - c0, self.slot[p]) for c0, c1, p in self.scattered_parts.get(n, [(0, n.shape[0], n.inputs[0])])]
 
         def scatter_grad(a, b, t):
             plan = self.batch.messages.plans[t][k]
             if plan.mode == "none":
                 return
             t0 = time.perf_counter()
-            g = A[dy][a:b]
-            if plan.mode == "some":
-                g = g[plan.positions]
-            be.add_rows(A[dstate], plan.child_rows, g, plan.unique)
+            if add is not None:
+                dst, d0 = based[dstate]
+                for c0, w, s in parts:
+                    if plan.mode == "all":
+                        add(dst, d0 + c0, plan.child_rows, based[s][0], a, based[s][1], w)
+                    else:                  # the rows with child k, copied out (C-contiguous)
+                        add(dst, d0 + c0, plan.child_rows, A[s][a:b][plan.positions], 0, 0, w)
+                moved = len(plan.child_rows)
+            else:                          # no row kernels: no parts (scattered_parts)
+                g = A[dy][a:b]
+                if plan.mode == "some":
+                    g = g[plan.positions]
+                be.add_rows(A[dstate], plan.child_rows, g, plan.unique)
+                moved = len(g)
             counters.kernels["scatter"] += 1
-            counters.bytes_moved["scatter"] += len(g) * row_bytes
+            counters.bytes_moved["scatter"] += moved * row_bytes
             self.timings.memory_s += time.perf_counter() - t0
         return scatter_grad
 
@@ -400,12 +449,16 @@ class Lowered:
         """children().state: every edge's child state, one indexed copy for the task's edges."""
         A, be, counters = self.arrays, self.backend, self.counters
         o, state, row_bytes = self.slot[n], self.slot[self.state], n.shape[0] * self.dtype.itemsize
+        take, based, width = self.row_take, self.based, n.shape[0]
 
         def child_state(a, b, t):
             if b <= a:
                 return
             t0 = time.perf_counter()
-            be.take_rows(A[state], self.batch.edges.child[a:b], A[o][a:b])
+            if take is not None:
+                take(*based[state], self.batch.edges.child[a:b], based[o][0], a, based[o][1], width)
+            else:
+                be.take_rows(A[state], self.batch.edges.child[a:b], A[o][a:b])
             counters.kernels["gather"] += 1
             counters.bytes_moved["gather"] += (b - a) * row_bytes
             self.timings.memory_s += time.perf_counter() - t0
@@ -415,12 +468,16 @@ class Lowered:
         """The dual of children().state: each edge's gradient added into its child's d(state)."""
         A, be, counters = self.arrays, self.backend, self.counters
         dy, dstate, row_bytes = self.slot[n.inputs[0]], self.slot[self.dstate], n.shape[0] * self.dtype.itemsize
+        add, based, width = self.row_add, self.based, n.shape[0]
 
         def child_state_grad(a, b, t):
             if b <= a:
                 return
             t0 = time.perf_counter()
-            be.add_rows(A[dstate], self.batch.edges.child[a:b], A[dy][a:b], self.batch.edges.unique)
+            if add is not None:
+                add(*based[dstate], self.batch.edges.child[a:b], based[dy][0], a, based[dy][1], width)
+            else:
+                be.add_rows(A[dstate], self.batch.edges.child[a:b], A[dy][a:b], self.batch.edges.unique)
             counters.kernels["scatter"] += 1
             counters.bytes_moved["scatter"] += (b - a) * row_bytes
             self.timings.memory_s += time.perf_counter() - t0

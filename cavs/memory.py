@@ -74,7 +74,7 @@ class Buffers:
             for n, a in self.sum_of.items():    # affine sums: one buffer, the root's
                 A[slot[n]] = A[slot[a.root]]
             for n, i in slot.items():          # views: slices of their input's columns
-                if n.op == "slice":
+                if n.op == "slice" and n not in self.home:
                     A[i] = A[slot[n.inputs[0]]][:, n.attrs["start"]:n.attrs["stop"]]
             if self.fused_cpu:
                 self._bind_bases()

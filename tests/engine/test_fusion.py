@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import cavs
-from cavs import fusion
+from cavs import Batch, fusion
+from cavs.graphs import Graph, make_forest
 from tests.conftest import backend_name
 from tests.engine.helpers import TREE, assert_close, random_tree, reference, run
 
@@ -44,8 +45,10 @@ KERNELS_UNFUSED = {"pull": 1, "matmul": 3, "zero-fill": 2, "add": 13, "copy": 5,
 # (one group) and dF's 16 (one group) per task; at the leaves, where some members are skipped,
 # the members that compute still run as one (smaller) kernel, in which the adds of c = i*u +
 # fl*cl + fr*cr pass i*u through (support.PASS), so fl*cl and fr*cr are not zero-filled there
-# (2 zero-fills fewer than before the pass-through)
-KERNELS_FUSED = {"pull": 1, "matmul": 3, "zero-fill": 2, "fused": 6, "concat": 6, "gather": 4, "loss": 1,
+# (2 zero-fills fewer than before the pass-through). No concat runs: the gathers write hl and hr
+# straight into [hl; hr] (analysis.gather_pieces) and the child-gradient scatters add dhl and dcl
+# from where they are (lowering.scattered_parts), both by the CPU's row kernels
+KERNELS_FUSED = {"pull": 1, "matmul": 3, "zero-fill": 2, "fused": 6, "gather": 4, "loss": 1,
                  "matmul_t": 3, "scatter": 4, "bias_grad": 1, "param_grad": 2}
 
 
@@ -155,3 +158,34 @@ def test_cache_can_be_switched_off(tmp_path, monkeypatch):
     kernel = fusion.compile_numba("def kernel(x):\n    return x * F(3.0)\n", "float64")
     assert kernel(2.0) == pytest.approx(6.0)
     fusion.compile_numba.cache_clear()
+
+
+# ---------------------------------------------------------------- the CPU's row kernels
+
+def _partial_children_batch():
+    """A DAG of two-slot vertices where one task holds vertices with both children, the left one
+    only, the right one only, and one child twice ([2, 2]); and, two levels up, a task in which
+    two parents share child 3 (the scatter-add meets a repeated row)."""
+    children = np.array([[-1, -1], [-1, -1], [-1, -1], [0, -1], [-1, 1], [3, 4], [2, 2], [5, 8], [3, 1], [7, 6]])
+    tokens = np.array([3, 7, 4, -1, -1, -1, -1, -1, -1, -1])
+    labels = np.array([1, -1, 0, 2, -1, 4, 3, 1, 0, 2])
+    return Batch(make_forest([Graph(children, tokens, labels, "partial")], 2))
+
+
+@pytest.mark.parametrize("workload", ["tree_lstm", "tree_fc"])
+def test_row_kernels_equal_the_plain_path(workload):
+    """Fused on the CPU, the gathers write [hl; hr] (tree_lstm: slices of gathers) or [left; right]
+    (tree_fc: whole gathers) straight into the concat's columns and the child gradients are added
+    part by part by the row kernels, in "all", "some" and "none" tasks; unfused, the gathers, the
+    concats and the scatters are NumPy/PyTorch's. Loss and every gradient agree in float64."""
+    if backend_name() != "numpy":
+        pytest.skip("the row kernels are the CPU's")
+    model = cavs.models.build(workload, hidden=5, seed=3, dtype="float64", leaves=8)
+    batch = _partial_children_batch()
+    fused = cavs.Engine(model, fusion=True, streaming=False)
+    plain = cavs.Engine(model, fusion=False, streaming=False)
+    (lf, gf), (lp, gp) = fused.loss_and_grads(batch), plain.loss_and_grads(batch)
+    assert fused.counters.kernels["concat"] == 0 and plain.counters.kernels["concat"] > 0
+    assert abs(lf - lp) <= 1e-12 * abs(lp)
+    for name in gp:
+        np.testing.assert_allclose(gf[name], gp[name], rtol=1e-10, atol=1e-13, err_msg=name)

@@ -60,22 +60,20 @@ def phases(nodes: list[Node], sources: set, sinks: set) -> dict[Node, str]:
     return out
 
 
-def concat_homes(nodes: list[Node], gathers: bool = False) -> dict[Node, tuple[Node, int]]:
+def concat_homes(nodes: list[Node], consumers: dict | None = None) -> dict[Node, tuple[Node, int]]:
     """Concat elision: {part: (concat, first column)} for each concat input that an op of F or
     dF writes (not a view of another buffer, not a message): it is stored in its concat's
     columns, so producing it fills the concat and the concat copies only its other parts
     (nothing, for [h; c] and the gate gradients of the LSTM cells). A part goes to its first
     concat only.
 
-    With `gathers` (the CPU's row kernels, which write a row's pieces anywhere) a positional
-    gather is a part too, and so is a slice of one whose every consumer is a slice: the gather
+    Given each node's `consumers` (only with the CPU's row kernels, which write a row's pieces
+    anywhere), a positional gather is a part too, and so is a slice of one whose every consumer
+    is a slice: the gather
     then writes those columns of the child's state straight into the concat (gather_pieces), as
     [hl; hr] of the binary Tree-LSTM, which otherwise copied hl and hr out of [hl; cl] and
     [hr; cr] once more per task."""
-    consumers: dict = {}
-    for n in nodes:
-        for i in n.inputs:
-            consumers.setdefault(i, []).append(n)
+    gathers = consumers is not None
 
     def sliced_gather(p):
         return p.op == "slice" and p.inputs[0].op == "gather" \

@@ -42,7 +42,7 @@ class Lowered:
         for n in nodes:
             for i in n.inputs:
                 self.consumers.setdefault(i, []).append(n)
-        self.home = concat_homes(nodes, gathers=fused_cpu)
+        self.home = concat_homes(nodes, self.consumers if fused_cpu else None)
         # gathers that write pieces of the child's row to their slices' concats (gather_pieces)
         self.pieces = {n: p for n in nodes if n.op == "gather"
                        and (p := gather_pieces(n, self.home, self.consumers)) is not None}

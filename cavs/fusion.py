@@ -6,6 +6,10 @@ linked through an op outside it (a path that leaves and re-enters) is split, so 
 as one step. Each group is rendered from the ops' expression templates into one kernel that
 reads its external inputs and writes only the values something outside the group reads (the
 rest stay in registers): a Numba loop on the CPU, a `cupy.ElementwiseKernel` on the GPU.
+On the CPU, a group of per-edge ops reads a `kids.broadcast(x)` input through the edges' parent
+index (row parent[e] of x) instead of a materialized copy of x on every edge; the per-edge ops
+that read one broadcast are fused together even where they are not otherwise linked, and one
+such op alone is a kernel too (find_groups' `broadcasts`).
 Compiled CPU kernels persist across processes in a kernel cache on disk (see compile_numba);
 CuPy keeps its own (~/.cupy/kernel_cache).
 """
@@ -42,8 +46,10 @@ def _find(parent, x):
     return x
 
 
-def find_groups(nodes: list[Node], consumers: dict[Node, list[Node]]) -> list[FusedGroup]:
-    """Largest groups (2+ ops) of linked elementwise ops among `nodes` (one phase of F or dF)."""
+def find_groups(nodes: list[Node], consumers: dict[Node, list[Node]], broadcasts: bool = False) -> list[FusedGroup]:
+    """Largest groups (2+ ops) of linked elementwise ops among `nodes` (one phase of F or dF).
+    With `broadcasts` (the CPU's kernels read them through the parent index): the ops reading
+    one broadcast are linked too, and one op reading a broadcast is a group by itself."""
     fusable = [n for n in nodes if OPS[n.op].elementwise]
     member = set(fusable)
     parent = {n: n for n in fusable}
@@ -51,15 +57,28 @@ def find_groups(nodes: list[Node], consumers: dict[Node, list[Node]]) -> list[Fu
         for i in n.inputs:
             if i in member and i.shape == n.shape and i.domain == n.domain:
                 parent[_find(parent, i)] = _find(parent, n)
+    if broadcasts:
+        for b in {i for n in fusable for i in n.inputs if i.op == "broadcast"}:
+            readers = [c for c in consumers.get(b, []) if c in member and c.shape == b.shape]
+            for c in readers[1:]:
+                parent[_find(parent, c)] = _find(parent, readers[0])
     groups: dict[Node, list[Node]] = {}
     for n in fusable:
         groups.setdefault(_find(parent, n), []).append(n)
     out = []
     for members in groups.values():
         for part in _convex_parts(members, consumers):
-            if len(part) > 1:
+            if _worth_a_kernel(part, broadcasts):
                 out.append(describe(part, consumers))
     return out
+
+
+def _worth_a_kernel(part: list[Node], broadcasts: bool) -> bool:
+    return len(part) > 1 or (broadcasts and any(i.op == "broadcast" for m in part for i in m.inputs))
+
+
+def reads_broadcast(group: "FusedGroup") -> bool:
+    return any(i.op == "broadcast" for i in group.inputs)
 
 
 # Numba's compile time grows much faster than a kernel's length: a child-sum Tree-LSTM over 22
@@ -69,7 +88,7 @@ def find_groups(nodes: list[Node], consumers: dict[Node, list[Node]]) -> list[Fu
 MAX_MEMBERS = 24
 
 
-def bounded(groups: list[FusedGroup], consumers, limit: int = MAX_MEMBERS) -> list[FusedGroup]:
+def bounded(groups: list[FusedGroup], consumers, limit: int = MAX_MEMBERS, broadcasts: bool = False) -> list[FusedGroup]:
     out = []
     for g in groups:
         if len(g.nodes) <= limit:
@@ -77,7 +96,7 @@ def bounded(groups: list[FusedGroup], consumers, limit: int = MAX_MEMBERS) -> li
             continue
         for k in range(0, len(g.nodes), limit):
             part = g.nodes[k:k + limit]
-            if len(part) > 1:
+            if _worth_a_kernel(part, broadcasts):
                 out.append(describe(part, consumers))
     return out
 
@@ -179,13 +198,18 @@ _CONSTANT = re.compile(r"(?<![\w.])(\d+\.\d*(?:e[+-]?\d+)?|\d+e[+-]?\d+)")
 def numba_source(group: FusedGroup) -> str:
     """A loop over rows; each vertex operand is passed as its C-contiguous buffer and the column
     where it starts, and each row is sliced into 1-D contiguous pieces so that LLVM vectorizes
-    the inner loop (a strided 2-D view, or flat offset arithmetic, keeps it scalar: 2-4x slower)."""
+    the inner loop (a strided 2-D view, or flat offset arithmetic, keeps it scalar: 2-4x slower).
+    A broadcast input is passed as its vertex value and read at row parent[r] (the edge's parent)."""
     w = group.width
-    args, pieces = [], []
+    through = reads_broadcast(group)
+    args, pieces = (["parent"], ["p = parent[r]"]) if through else ([], [])
     for k, node in enumerate(group.inputs):
         if node.is_param:
             args.append(f"in{k}")
             pieces.append(f"x{k} = in{k}")
+        elif node.op == "broadcast":
+            args += [f"in{k}", f"in{k}_col"]
+            pieces.append(f"x{k} = in{k}[p, in{k}_col:in{k}_col + {node.shape[0]}]")
         else:
             args += [f"in{k}", f"in{k}_col"]
             pieces.append(f"x{k} = in{k}[r, in{k}_col:in{k}_col + {node.shape[0]}]")
@@ -322,7 +346,7 @@ def numba_signature(group: FusedGroup, dtype: str) -> tuple:
     from numba import types
     f = getattr(types, dtype)
     rows = [types.Array(f, 2, "C"), types.int64]           # a C-contiguous buffer and a column
-    args = [types.int64, types.int64]
+    args = [types.int64, types.int64] + ([types.Array(types.int64, 1, "C")] if reads_broadcast(group) else [])
     for node in group.inputs:
         args += [types.Array(f, len(node.shape), "C")] if node.is_param else rows
     return tuple(args + rows * len(group.outputs))

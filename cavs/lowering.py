@@ -77,11 +77,6 @@ class Lowered:
         self.pulls = [n for n in F.nodes if n.op == "pull"]
         self.sources = [n for n in nodes if OPS[n.op].kind == "source"]
         self.uses_edges = any(n.on_edges or n.op in ("num_children", "edge_sum", "edge_max") for n in nodes)
-        stored = [n for n in nodes if n.has_rows and n.op != "slice" and n not in self.home
-                  and n not in self.sum_of]
-        self.buffers = Buffers(backend, dtype, nodes, self.slot, stored, self.home, self.sum_of, fused_cpu)
-        self.arrays, self.based = self.buffers.arrays, self.buffers.based
-
         loop_sources = {n for n in F.nodes if n.op in ("gather", "child_state")}
         fwd = phases(F.nodes, loop_sources, {F.scatter})
         bwd = phases(dF.nodes, {self.dstate}, {n for n in dF.nodes if n.op in ("scatter_grad_child",
@@ -93,6 +88,18 @@ class Lowered:
             a.terms.sort(key=lambda t: PHASES.index(where[self.phase_of[t]]))
         self.forward_phases = self._phase_items(F.nodes, fwd)
         self.backward_phases = self._phase_items(dF.nodes, bwd)
+        # broadcasts that only fused kernels read (through the parent index): never materialized
+        self.read_through = set()
+        if fused_cpu:
+            fused = {m for g in self.fused_groups() for m in g.nodes}
+            self.read_through = {n for n in nodes if n.op == "broadcast" and set(self.consumers.get(n, [])) <= fused}
+            for ph in (self.forward_phases, self.backward_phases):
+                for p in ph:
+                    ph[p] = [it for it in ph[p] if it not in self.read_through]
+        stored = [n for n in nodes if n.has_rows and n.op != "slice" and n not in self.home
+                  and n not in self.sum_of and n not in self.read_through]
+        self.buffers = Buffers(backend, dtype, nodes, self.slot, stored, self.home, self.sum_of, fused_cpu)
+        self.arrays, self.based = self.buffers.arrays, self.buffers.based
         self.shared = self._sharing(F, dF)
         self.steps = {}           # (item, action) -> closure
         self.subgroups = {}       # (fused group, its computing members) -> the smaller fused group
@@ -112,8 +119,9 @@ class Lowered:
         for p in PHASES:
             ops = [n for n in nodes if n in phase_of and where[phase_of[n]] == p]
             fusable = [n for n in ops if n not in self.affine and n not in self.sum_of]
-            groups = fusion.bounded(fusion.find_groups(fusable, self.consumers), self.consumers) \
-                if self.options["fusion"] else []
+            through = self.options["fusion"] and self.backend.name == "numpy"   # the CPU's kernels
+            groups = fusion.bounded(fusion.find_groups(fusable, self.consumers, through), self.consumers,
+                                    broadcasts=through) if self.options["fusion"] else []
             items[p] = fusion.contracted_order(ops, groups)
         return items
 
@@ -167,7 +175,10 @@ class Lowered:
             # zero, then one kernel for the members that compute or pass an input through
             zeros = [self.step(m, ZERO) for m, a in zip(item.nodes, acts) if a == ZERO]
             running = [(m, a) for m, a in zip(item.nodes, acts) if a == COMPUTE or a >= PASS]
-            if sum(a == COMPUTE for _, a in running) < 2 or not variants:
+            # (a group reading a broadcast through the parent index always runs as a kernel: the
+            # broadcast is not materialized for its members to read one by one)
+            through = self.backend.name == "numpy" and fusion.reads_broadcast(item)
+            if not running or (not through and (sum(a == COMPUTE for _, a in running) < 2 or not variants)):
                 return zeros + [self.step(m, a) for m, a in running]
             key = (item, tuple(running))
             if key not in self.subgroups:
@@ -308,9 +319,12 @@ class Lowered:
         kernel = fusion.compile_numba(fusion.numba_source(g), self.dtype.name)
         based = self.based
         params = {s for i, s in zip(g.inputs, ins) if i.is_param}
+        # a broadcast input: its vertex value, read at each edge's parent row (numba_source)
+        ins = [self.slot[i.inputs[0]] if i.op == "broadcast" else s for i, s in zip(g.inputs, ins)]
+        through = fusion.reads_broadcast(g)
 
         def fused(a, b, t):
-            args = []
+            args = [self.batch.edges.parent] if through else []
             for s in ins:
                 if s in params:
                     args.append(A[s])

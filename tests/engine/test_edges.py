@@ -57,6 +57,26 @@ def test_child_sum_on_edges_equals_pytorch(graphs, fusion):
     check(engine, model, graphs, loss, grads, probs)
 
 
+def test_fused_kernels_read_broadcasts_through_the_parent_index():
+    """With fusion on the CPU, kids.broadcast(x) is never copied onto the edges: the per-edge
+    kernels read x's parent row, the per-edge ops of one broadcast run as one kernel, and the
+    numbers are those of the unfused engine (which copies) to rounding."""
+    graphs = [dag(), *wide_trees(3)[1:]]
+    model = edge_model()
+    fused, plain = cavs.Engine(model), cavs.Engine(model, fusion=False)
+    assert {n.op for n in fused._low.read_through} == {"broadcast"} and len(fused._low.read_through) == 3
+    assert all(len(g.nodes) == 3 for g in fused._low.fused_groups() if cavs.fusion.reads_broadcast(g)
+               and len(g.inputs) == 3)              # the forget gates' kernel and its gradient's
+    fused.counters.reset()
+    la, ga = fused.loss_and_grads(model.make_batch(graphs))
+    assert "broadcast" not in fused.counters.kernels
+    lb, gb = plain.loss_and_grads(model.make_batch(graphs))
+    assert plain.counters.kernels["broadcast"] > 0
+    assert la == pytest.approx(lb, rel=1e-12)
+    for k in ga:
+        assert_close(ga[k], gb[k], 1e-12, f"d{k}")
+
+
 def test_a_child_listed_twice_is_two_edges():
     """Vertex 3 lists vertex 1 twice: two edges, each read, both gradients added into vertex 1."""
     twice = cavs.Graph.from_children([[], [], [0, 1], [1, 2, 1]], tokens=[4, 9, -1, 2],

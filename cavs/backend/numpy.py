@@ -1,7 +1,9 @@
 """The CPU backend: NumPy arrays. Matrix products go to the fastest installed library for each
 product shape, chosen by measurement (cavs/blas.py: NumPy's OpenBLAS, MKL and oneDNN through
-PyTorch); row gathers and scatter-adds go through PyTorch where it is installed (one pass in index
-order, 2-7x NumPy's take and add.at), on NumPy memory without copies.
+PyTorch); row gathers and scatter-adds by index are compiled loops (Numba) on C-contiguous rows,
+and PyTorch's index_select / index_add_ (one pass in index order, 2-7x NumPy's take and add.at) on
+other views, on NumPy memory without copies. In the engine, index_add_ took 0.7 ms for a batch's
+embedding-gradient sums (600 rows of 768 float32) where the loop takes 0.2 ms.
 """
 from __future__ import annotations
 

@@ -80,6 +80,9 @@ def _domain(op: str, inputs, attrs, where) -> str | None:
         return None if op == "param" else attrs.get("domain", "vertex")
     domains = {i.domain for i in inputs if not i.is_param}
     if rule == "edge":                                       # broadcast: vertex -> edge
+        if not domains:                                      # a parameter or a constant
+            raise TraceError(f"{where} ({op}): kids.broadcast(x) takes a per-vertex value, got a parameter; "
+                             "a parameter needs no broadcast: use it in the per-edge math as it is")
         if domains != {"vertex"}:
             raise TraceError(f"{where} ({op}): kids.broadcast(x) takes a per-vertex value, got a per-edge one")
         return "edge"

@@ -430,3 +430,13 @@ def test_any_degree_without_an_arity_and_the_slot_limit_with_one():
     with pytest.raises(cavs.InputError, match=r"wide 300: vertex \d+ has 300 children, more than the vertex "
                                               r"function's arity 4"):
         slots.make_batch(wide_trees())
+
+
+def test_broadcasting_a_parameter_names_the_line():
+    def cell(v, p):
+        kids = v.children()
+        h_k, c_k = kids.state.split(2)
+        v.scatter(concat(kids.broadcast(p.b) + h_k, c_k).sum())
+    with pytest.raises(cavs.TraceError, match=r"test_edges.py:\d+ \(broadcast\): .* got a parameter; a parameter "
+                                              r"needs no broadcast"):
+        cavs.Model(cell, {"b": (H,)}, state=2 * H, inputs=E, classes=C)

@@ -116,10 +116,10 @@ class Lowered:
         with fusion on, each fused group of elementwise ops is one item."""
         where = self.where()
         items = {}
+        through = self.options["fusion"] and self.backend.name == "numpy"   # the CPU's kernels
         for p in PHASES:
             ops = [n for n in nodes if n in phase_of and where[phase_of[n]] == p]
             fusable = [n for n in ops if n not in self.affine and n not in self.sum_of]
-            through = self.options["fusion"] and self.backend.name == "numpy"   # the CPU's kernels
             groups = fusion.bounded(fusion.find_groups(fusable, self.consumers, through), self.consumers,
                                     broadcasts=through) if self.options["fusion"] else []
             items[p] = fusion.contracted_order(ops, groups)

@@ -17,7 +17,7 @@ from .. import blas
 
 
 @functools.lru_cache(maxsize=None)
-def _segment_kernels():
+def _row_kernels():
     import numba
 
     @numba.njit(cache=True, nogil=True)
@@ -118,7 +118,7 @@ class NumpyBackend:
     def take_rows(self, src, idx, out):
         """out[i] = src[idx[i]]."""
         if src.flags.c_contiguous and out.flags.c_contiguous and src.dtype == out.dtype:
-            _segment_kernels()["take"](src, idx, out)
+            _row_kernels()["take"](src, idx, out)
             return
         torch = self._torch
         if torch is not None and out.flags.c_contiguous:   # 2-3x NumPy's take on wide rows
@@ -131,7 +131,7 @@ class NumpyBackend:
         """dst[idx[i]] += scale * src[i]; repeated indices add up (the scatter of child-state
         gradients, the embedding gradient and its SGD update)."""
         if dst.flags.c_contiguous and src.flags.c_contiguous and dst.dtype == src.dtype:
-            _segment_kernels()["add"](dst, idx, src, dst.dtype.type(scale))
+            _row_kernels()["add"](dst, idx, src, dst.dtype.type(scale))
             return
         torch = self._torch
         if torch is not None:     # one pass in index order, 5-7x faster than NumPy's grouped sums
@@ -164,7 +164,7 @@ class NumpyBackend:
         no edges; a maximum over a NaN is NaN. One compiled pass over the rows (the sums in edge
         order, as add_rows adds them): a third of a fill and an index_add_ on a task's edges
         (Tree-LSTM child-sum, 160 edges x 256). `edges`: memory.EdgePlan (its host offsets)."""
-        _segment_kernels()[op](out, src, edges.offset, a, b)
+        _row_kernels()[op](out, src, edges.offset, a, b)
 
     def stream(self, chunks):
         """Runs `chunks` (lists of closures) in order on a worker thread: the CPU's second stream.

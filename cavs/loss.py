@@ -25,8 +25,7 @@ import numpy as np
 FLOOR = -60.0
 
 # exp(t) for t in [FLOOR, 0]: t = n ln2 + q with n = round(t / ln2) (|q| <= ln2 / 2), exp(q) from
-# Cephes' degree-7 polynomial, 2^n from its exponent bits. The bits go through an int32 scratch
-# row that the caller also passes as float32 (`two_n`): Numba has no scalar bit cast.
+# Cephes' degree-7 polynomial, 2^n from its exponent bits (a scalar bit view, which vectorizes).
 _EXP32 = """
             n = np.int32(t * F(1.44269504088896341) - F(0.5))
             fn = F(n)
@@ -38,51 +37,46 @@ _EXP32 = """
             p = p * q + F(4.1665795894e-2)
             p = p * q + F(1.6666665459e-1)
             p = p * q + F(5.0000001201e-1)
-            row[j] = p * q * q + q + F(1.0)
-            bits[j] = (n + np.int32(127)) << np.int32(23)
-        s = F(0.0)
-        for j in range(c):
-            e = row[j] * two_n[j]
-            row[j] = e
-            s += e
+            e = (p * q * q + q + F(1.0)) * np.int32((n + np.int32(127)) << np.int32(23)).view(np.float32)
 """
 _EXP64 = """
             e = math.exp(t)
-            row[j] = e
-            s += e
 """
+# Per row, three passes over the row while it sits in L2: (1) the bias added and the row's max,
+# as the max of the logits' bits read as integers with the negative ones' magnitude bits flipped,
+# so that integer order is float order (LLVM vectorizes an integer max reduction, not a float one,
+# whose NaN rules stop it); (2) the shifted exponentials and their sum; (3) for training, the
+# gradient. A NaN orders above +inf (sign bit clear) or below -inf (sign bit set, as x86 makes
+# them), so the greatest and the least key find any; the checks are on the bits because fastmath
+# lets LLVM assume that no float is NaN.
 _KERNEL = """
-def kernel(z, zi, b, labels, scale, want_grad, db, bits, two_n, m_bits, m_float):
+def kernel(z, b, labels, scale, want_grad, db):
     n_rows, c = z.shape
     total = 0.0
     for r in range(n_rows):
         row = z[r]
+        hi = {I}(-1) ^ {I}({SIGN})
+        lo = {I}({SIGN})
         for j in range(c):
-            row[j] += b[j]
-        # the row max, exactly, as the max of the logits' bits read as integers (`zi` is `z`'s
-        # integer view) with the negative ones' magnitude bits flipped, so that integer order is
-        # float order: LLVM vectorizes an integer max reduction but not a float one (whose NaN
-        # rules stop it), and the scalar float max took a third of the kernel's time
-        # (a NaN with its sign bit set, as x86 makes them, orders below -inf: the least key finds it)
-        mi = {I}(-1) ^ {I}({SIGN})
-        least = {I}({SIGN})
-        irow = zi[r]
-        for j in range(c):
-            x = irow[j]
-            key = x ^ ((x >> {I}({SHIFT})) & {I}({SIGN}))
-            mi = max(mi, key)
-            least = min(least, key)
-        m_bits[0] = mi ^ ((mi >> {I}({SHIFT})) & {I}({SIGN}))
-        m = m_float[0]
-        m_bits[0] = least ^ ((least >> {I}({SHIFT})) & {I}({SIGN}))
-        if not math.isfinite(m) or m_float[0] != m_float[0]:     # overflowed logits (inf, NaN): no loss
-            return math.nan                                      # to report (the engine refuses the step)
+            v = row[j] + b[j]
+            row[j] = v
+            x = F(v).view({I})
+            key = {I}(x ^ ((x >> {I}({SHIFT})) & {I}({SIGN})))
+            hi = max(hi, key)
+            lo = min(lo, key)
+        hi = {I}(hi ^ ((hi >> {I}({SHIFT})) & {I}({SIGN})))      # the keys back to the floats' bits
+        lo = {I}(lo ^ ((lo >> {I}({SHIFT})) & {I}({SIGN})))
+        if (hi & {I}({SIGN})) >= {I}({INF}) or (lo & {I}({SIGN})) > {I}({INF}):
+            return math.nan            # overflowed logits (inf, NaN): no loss to report (the engine refuses the step)
+        m = hi.view(F)
         y = labels[r]
         picked = row[y] - m
         s = F(0.0)
         for j in range(c):
             t = max(row[j] - m, F({floor}))
 {exp}
+            row[j] = e
+            s += e
         total += max(math.log(s) - picked, 0.0)      # a cross-entropy, never below 0 by rounding
         if want_grad:
             k = F(scale) / s
@@ -101,18 +95,17 @@ def _kernel(dtype: str):
     from .fusion import compile_numba
     exp = _EXP32 if dtype == "float32" else _EXP64
     bits = np.dtype(dtype).itemsize * 8
-    return compile_numba(_KERNEL.format(floor=FLOOR, exp=exp.rstrip("\n"), I=f"np.int{bits}", SHIFT=bits - 1,
-                                        SIGN=hex(2 ** (bits - 1) - 1)), dtype)
+    inf = np.array(np.inf, dtype=dtype).view(f"i{bits // 8}")       # +inf's bits: the exponent all ones
+    return compile_numba(_KERNEL.format(floor=FLOOR, exp=exp.strip("\n"), I=f"np.int{bits}", SHIFT=bits - 1,
+                                        SIGN=hex(2 ** (bits - 1) - 1), INF=hex(int(inf))), dtype)
 
 
 def warm_up(dtype: str) -> None:
     """Loads (or compiles) the CPU loss kernel now rather than in the first step."""
     from numba import types
-    f, i = getattr(types, dtype), getattr(types, f"int{np.dtype(dtype).itemsize * 8}")
-    _kernel(dtype).compile((types.Array(f, 2, "C"), types.Array(i, 2, "C"), types.Array(f, 1, "C"),
-                            types.Array(types.int64, 1, "C"), types.float64, types.boolean, types.Array(f, 1, "C"),
-                            types.Array(types.int32, 1, "C"), types.Array(types.float32, 1, "C"),
-                            types.Array(i, 1, "C"), types.Array(f, 1, "C")))
+    f = getattr(types, dtype)
+    _kernel(dtype).compile((types.Array(f, 2, "C"), types.Array(f, 1, "C"), types.Array(types.int64, 1, "C"),
+                            types.float64, types.boolean, types.Array(f, 1, "C")))
 
 
 _local = threading.local()
@@ -140,12 +133,8 @@ def softmax_cross_entropy(be, h, w, b, labels, want_grad: bool, scale: float = 1
     logits = _logits_buffer(n, classes, h.dtype)
     be.gemm(logits, h, w)
     db = np.zeros_like(b) if db_acc is None else db_acc
-    bits = np.empty(classes, dtype=np.int32)
     labels = np.ascontiguousarray(labels, dtype=np.int64)
-    m_bits = np.empty(1, dtype=f"i{h.dtype.itemsize}")
-    loss = scale * _kernel(h.dtype.name)(logits, logits.view(m_bits.dtype), np.ascontiguousarray(b), labels,
-                                         float(scale), bool(want_grad), db, bits, bits.view(np.float32),
-                                         m_bits, m_bits.view(h.dtype))
+    loss = scale * _kernel(h.dtype.name)(logits, np.ascontiguousarray(b), labels, float(scale), bool(want_grad), db)
     if not want_grad:
         return loss, None, None, None
     return (loss, *_backward_products(be, h, w, logits, dh_out, dw_acc), db)

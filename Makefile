@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[baselines,harness,dev,cluster]'
 	touch $(STAMP)
 
+# two workers (pytest-xdist; a file's tests stay on one worker), then the tests that time the engine
+# against a baseline (marked serial) alone, so that the other worker's load does not skew them
 test: $(STAMP)
-	$(PY) -m pytest -q --timeout=600 tests
+	$(PY) -m pytest -q --timeout=600 -n 2 --dist loadfile -m 'not serial' tests
+	$(PY) -m pytest -q --timeout=600 -m serial tests
 
 # the directory is chosen once (experiments/machine.py) and both steps use it
 fig8 fig9 table1 table2 ablation: $(STAMP)

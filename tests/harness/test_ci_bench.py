@@ -14,8 +14,13 @@ import pytest
 from experiments import ci_bench, machine
 
 ROOT = Path(__file__).resolve().parents[2]
-OTHER_KIND = {"cpu_model": "AMD EPYC", "cpu_vendor": "AuthenticAMD", "cpu_family": "25", "cpu_model_number": "1",
-              "cpu_isa": "avx2", "cpu_count": 2, "memory_gib": 24, "gpu": None}
+# timed against a baseline: `make test` runs these after the parallel part, alone
+pytestmark = pytest.mark.serial
+# a kind no real machine has: a real one (Zen 3 EPYC, once used here) became CI's own kind and broke
+# the "no baseline for this kind" checks
+OTHER_KIND = {"cpu_model": "Test CPU (no such machine)", "cpu_vendor": "TestVendor", "cpu_family": "0",
+              "cpu_model_number": "0", "cpu_isa": "sse2", "cpu_count": 2, "memory_gib": 24, "gpu": None}
+assert machine.differences(OTHER_KIND, machine.kind()), "OTHER_KIND must not be this machine's kind"
 # one cheap cell per side: Tree-FC, L = 64, against DyNet
 # (one reference cell, measured once: a speedup can swing by a third between runs of a busy machine, so
 # the unchanged tree's check allows it half; the engine's side-by-side comparison keeps its tolerance)

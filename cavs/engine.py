@@ -74,7 +74,7 @@ class Engine:
             self._threads = threadpool_limits(threads)
             self.backend.set_threads(threads)
         self.dtype = np.dtype(model.dtype)
-        self._params = {k: self.backend.asarray(v, dtype=self.dtype) for k, v in model.init_params().items()}
+        self._params = {k: self.backend.parameter(v, dtype=self.dtype) for k, v in model.init_params().items()}
         self.params = ParamView(self)
         # gradient accumulators, zeroed in place per batch (reduce steps hold references to them);
         # the embedding's gradient is per row read (sparse), see _backward
@@ -549,7 +549,7 @@ class ParamView(MutableMapping):
         value = np.asarray(value)
         if value.shape != tuple(old.shape):
             raise ValueError(f"parameter {name} has shape {tuple(old.shape)}, got {value.shape}")
-        self._e._params[name] = self._e.backend.asarray(value, dtype=old.dtype)
+        self._e._params[name] = self._e.backend.parameter(value, dtype=old.dtype)
 
     def __delitem__(self, name):
         raise TypeError("parameters cannot be removed")

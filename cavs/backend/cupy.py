@@ -46,6 +46,8 @@ class CupyBackend:
     def asarray(self, a, dtype=None):
         return cupy.array(a, dtype=dtype, copy=True)
 
+    parameter = asarray
+
     def to_numpy(self, a) -> np.ndarray:
         return cupy.asnumpy(a)
 

@@ -109,6 +109,13 @@ class NumpyBackend:
     def asarray(self, a, dtype=None):
         return np.array(a, dtype=dtype, copy=True)
 
+    def parameter(self, a, dtype=None):
+        """A copy of `a` laid out as blas.measure lays out weights (blas.weight_array)."""
+        a = np.asarray(a, dtype=dtype)
+        out = blas.weight_array(a.shape, a.dtype)
+        np.copyto(out, a)
+        return out
+
     def to_numpy(self, a) -> np.ndarray:
         return np.asarray(a)
 

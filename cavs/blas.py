@@ -66,19 +66,18 @@ ROUNDS = 4                     # ... in each of this many rounds, every library 
 # of a whole-batch phase (eager, lazy, the head) is one per pass, and pays its packing alone.
 LOOP_USES = 12
 _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_TRANS = 101, 111, 112
-WEIGHT_OFFSET = 16
+WEIGHT_OFFSET = 16             # bytes past a 64-byte boundary where every weight starts (module docstring)
 
 
-def weight_array(shape, dtype, offset: int | None = None) -> np.ndarray:
+def weight_array(shape, dtype) -> np.ndarray:
     """An empty array for a weight (a parameter, or a measured product's weight operand), its data
-    `offset` bytes past a 64-byte boundary (WEIGHT_OFFSET), so that a product runs in place at the
-    rate it was measured at. Some libraries take another path by the weight's alignment (see
-    WEIGHT_OFFSET), and NumPy's allocator leaves it to chance."""
-    offset = WEIGHT_OFFSET if offset is None else offset
+    WEIGHT_OFFSET bytes past a 64-byte boundary, so that a product runs in place at the rate it was
+    measured at: some libraries take another path by the weight's alignment, and NumPy's
+    allocator leaves that to chance."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + 64 + offset, dtype=np.uint8)
-    start = -raw.ctypes.data % 64 + offset
+    raw = np.empty(nbytes + 64 + WEIGHT_OFFSET, dtype=np.uint8)
+    start = -raw.ctypes.data % 64 + WEIGHT_OFFSET
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 

@@ -1,4 +1,4 @@
-"""Input graphs and their readers (cavs/graphs.py, cavs/readers.py): the vectorized batch reader gives
+"""Input graphs and their readers (cavs/graphs.py, cavs/readers.py): the compiled batch reader gives
 exactly the line-by-line reader's graphs; every malformed line gets the line-by-line reader's error,
 naming the line; bad graphs (cycles, dangling or too many children, tokens, labels and features out
 of range or of the wrong kind) raise InputError naming the sample and the vertex."""
@@ -44,13 +44,17 @@ def test_batch_reader_equals_line_reader_on_all_of_sst(split):
     "(2 single)",                            # one vertex
     "(1 (2 a))",                             # one child
     "(3 (2 8\xa01\\/2) (2 b))",              # a non-breaking space: line by line
+    "(3 (2 a)\n(2 b))",                       # a line break inside a sample: line by line
+    "(3 (2 a\tb) (2 b))",                     # a tab: line by line
+    "(3 (2 a ) (2 b)) ",                       # spaces after a word and after the root
+    "(3 (2 ΟΔΟΣ) (2 İs))",                     # lower case by Python's rules (final sigma, dotted I)
 ])
 def test_batch_reader_on_edge_cases(line):
     vocab = {"a": 1, "b": 2, "is": 3, "good": 4, "8 1\\/2": 5, "single": 6}
     batch = ["(1 (2 a) (3 b))", line, "(4 (0 is) (2 good))"]
     want = [parse_ptb_tree(x, vocab, f"s{i}")[0] for i, x in enumerate(batch)]
     got = parse_ptb_trees(batch, vocab, ["s0", "s1", "s2"])
-    if "\xa0" in line or "   a" in line:
+    if any(declined in line for declined in ("\xa0", "   a", "\n", "\t")):
         assert got is None
     else:
         assert all(same_graph(g, w) for g, w in zip(got, want))

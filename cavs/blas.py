@@ -450,6 +450,8 @@ class Gemm:
         self._pools = pools or {}
         self._pool_counts: dict = {}       # products per key over the counted passes (for the pool)
         self._passes = 0
+        self._fastest: dict = {}           # per_pass_plan's memo for `_times` (dropped when they change)
+        self._pool_fastest: dict = {}      # the same per pool
 
     @property
     def name(self) -> str:
@@ -471,7 +473,7 @@ class Gemm:
         if self._counts and len(self._pools) > 1:
             self._choose_pool()
         if self._counts and self._times:
-            self.choice.update(per_pass_choice(self._counts, self._times, self._packs))
+            self.choice.update(per_pass_choice(self._counts, self._times, self._packs, self._fastest))
         self._counts = {}
 
     def _choose_pool(self):
@@ -479,12 +481,14 @@ class Gemm:
         for k, n in self._counts.items():
             self._pool_counts[k] = self._pool_counts.get(k, 0) + n
         per_pass = {k: n / self._passes for k, n in self._pool_counts.items()}
-        cost = {p: per_pass_plan(per_pass, times, packs)[1] for p, (_, times, packs) in self._pools.items()}
+        cost = {p: per_pass_plan(per_pass, times, packs, self._pool_fastest.setdefault(p, {}))[1]
+                for p, (_, times, packs) in self._pools.items()}
         pool = min(cost, key=cost.get)
         if pool != self.pool:
             set_pool_threads(pool, self.threads)
             self.pool = pool
             static, self._times, self._packs = self._pools[pool]
+            self._fastest = {}
             self.choice, self.static_choice = dict(static), dict(static)
 
     def __call__(self, out, a, b, accumulate: bool = False, bias=None):
@@ -501,31 +505,37 @@ class Gemm:
         self.libraries[self.choice.get(key, self.default)].gemm(out, a, b, accumulate, bias)
 
 
-def per_pass_choice(counts: dict, times: dict, packs: dict) -> dict:
+def per_pass_choice(counts: dict, times: dict, packs: dict, memo: dict | None = None) -> dict:
     """{key: library} for a pass that makes counts[key] products of each key: per weight (layout,
     inner, outer), the least total time, a packing library's packing paid once if any of the
     weight's keys use it."""
-    return per_pass_plan(counts, times, packs)[0]
+    return per_pass_plan(counts, times, packs, memo)[0]
 
 
-def per_pass_plan(counts: dict, times: dict, packs: dict) -> tuple[dict, float]:
-    """per_pass_choice's {key: library} and the pass's seconds with it (keys without times: none)."""
+def per_pass_plan(counts: dict, times: dict, packs: dict, memo: dict | None = None) -> tuple[dict, float]:
+    """per_pass_choice's {key: library} and the pass's seconds with it (keys without times: none).
+    `memo` keeps each key's fastest library under each packing rule across calls with the same
+    `times` (the engine plans every pass: without it, a tenth of a Tree-LSTM batch's setup)."""
+    memo = {} if memo is None else memo
     by_weight: dict = {}
     for k, n in counts.items():
         if k in times:
             by_weight.setdefault((k[0], k[2], k[3]), []).append((k, n))
     choice, total = {}, 0.0
     for keys in by_weight.values():
-        packing = {lib for k, _ in keys for lib in packs.get(k, {})}
+        packing = frozenset(lib for k, _ in keys for lib in packs.get(k, {}))
         best_plan, best_cost = None, float("inf")
         for allowed in [None] + sorted(packing):          # None: no packing library
             plan, cost, packed = {}, 0.0, False
             for k, n in keys:
-                ts = {lib: t for lib, t in times[k].items() if lib not in packing or lib == allowed}
-                if not ts:
+                fastest = memo.get((k, packing, allowed))
+                if fastest is None:
+                    ts = {lib: t for lib, t in times[k].items() if lib not in packing or lib == allowed}
+                    fastest = memo[(k, packing, allowed)] = min(ts.items(), key=lambda lt: lt[1]) if ts else ()
+                if not fastest:
                     break
-                lib = min(ts, key=ts.get)
-                plan[k], cost = lib, cost + n * ts[lib]
+                lib, t = fastest
+                plan[k], cost = lib, cost + n * t
                 packed |= lib == allowed
             else:
                 if packed:

@@ -177,19 +177,26 @@ class MessagePlans:
     def __init__(self, sched: Schedule, backend):
         self.plans: list[list[GatherPlan]] = []
         distinct = _unique(sched.edge_child)       # a tree's children are: then so is every subset
-        for a, b in sched.tasks():
+        rows = sched.child_rows
+        present = rows >= 0
+        # children present per task and slot, for all tasks at once
+        before = np.zeros((len(rows) + 1, rows.shape[1]), dtype=np.int64)
+        np.cumsum(present, axis=0, out=before[1:])
+        counts = (before[sched.bounds[1:]] - before[sched.bounds[:-1]]).tolist()
+        by_slot = rows.T.copy()                    # each slot's rows contiguous: its "all" plans are views
+        none = GatherPlan("none")
+        for (a, b), count in zip(sched.tasks(), counts):
             per_k = []
-            for k in range(sched.child_rows.shape[1]):
-                idx = sched.child_rows[a:b, k]
-                present = idx >= 0
-                if present.all():
+            for k, c in enumerate(count):
+                if c == b - a:
+                    idx = by_slot[k, a:b]
                     per_k.append(GatherPlan("all", backend.index(idx), None, distinct or _unique(idx)))
-                elif not present.any():
-                    per_k.append(GatherPlan("none"))
+                elif c == 0:
+                    per_k.append(none)
                 else:
-                    kept = idx[present]
+                    kept = by_slot[k, a:b][present[a:b, k]]
                     per_k.append(GatherPlan("some", backend.index(kept),
-                                            backend.index(np.flatnonzero(present)), distinct or _unique(kept)))
+                                            backend.index(np.flatnonzero(present[a:b, k])), distinct or _unique(kept)))
             self.plans.append(per_k)
 
 

@@ -450,8 +450,8 @@ class Gemm:
         self._pools = pools or {}
         self._pool_counts: dict = {}       # products per key over the counted passes (for the pool)
         self._passes = 0
-        self._fastest: dict = {}           # per_pass_plan's memo for `_times` (dropped when they change)
-        self._pool_fastest: dict = {}      # the same per pool
+        self._pool_fastest: dict = {}      # per_pass_plan's memo, per pool's times
+        self._fastest = self._pool_fastest.setdefault(pool, {})     # the memo for `_times`
 
     @property
     def name(self) -> str:
@@ -488,7 +488,7 @@ class Gemm:
             set_pool_threads(pool, self.threads)
             self.pool = pool
             static, self._times, self._packs = self._pools[pool]
-            self._fastest = {}
+            self._fastest = self._pool_fastest.setdefault(pool, {})
             self.choice, self.static_choice = dict(static), dict(static)
 
     def __call__(self, out, a, b, accumulate: bool = False, bias=None):

@@ -249,6 +249,11 @@ def test_packing_is_paid_once_per_weight_and_pass():
     assert blas.per_pass_choice({small: 1, large: 1}, times, packs) == {small: "openblas", large: "openblas"}
     # four small ones: saving 4 * 2 + 1 = 9 > 5, oneDNN for both (the packing is shared)
     assert blas.per_pass_choice({small: 4, large: 1}, times, packs) == {small: "onednn", large: "onednn"}
+    # the engine's memo of each key's fastest library carries across passes without changing a choice
+    memo: dict = {}
+    for counts, want in (({small: 1, large: 1}, "openblas"), ({small: 4, large: 1}, "onednn"),
+                         ({small: 1, large: 1}, "openblas")):
+        assert blas.per_pass_choice(counts, times, packs, memo) == {small: want, large: want}
     gemm = blas.Gemm({"openblas": blas.make("numpy"), "onednn": blas.make("numpy")}, {small: "openblas", large: "openblas"},
                      "openblas", times=times, packs=packs)
     x, w, out = np.ones((1, 8), np.float32), np.ones((8, 3), np.float32), np.empty((1, 3), np.float32)

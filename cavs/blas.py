@@ -33,8 +33,11 @@ wrong one in place.
 
 A product is keyed by (layout, row class, inner, outer): layout "nn" is x W, "nt" dy W^T, "tn"
 x^T dy (a parameter gradient, whose inner dimension is the rows); the row class is the power of
-two at or below the varying dimension (capped at MAX_ROW_CLASS). `measure` times each library on
-each key of a model (the engine lists them from F, dF and the head); their times persist in
+two at or below the varying dimension (capped at MAX_ROW_CLASS). choose() times each library on
+each key of a model (the engine lists them from F, dF and the head) at two row counts inside its
+class and keeps the mean (timed_rows): a library's rate can change 2-3x within a class (on the Zen 3
+EPYC, dnnl_sgemm ran x W, W 256 x 1024, at 28 GFLOP/s on 16 rows and 73 on 31), and timing a class
+at its first row count chose libraries that ran most of the class slower. Their times persist in
 <kernel cache>/blas-<key>.json, keyed by the CPU's generation, the libraries' versions, the
 kernel set OpenBLAS runs, the thread count and the dtype. A file that cannot be read is ignored
 with a warning and measured again.
@@ -83,6 +86,18 @@ def weight_array(shape, dtype) -> np.ndarray:
 
 def row_class(rows: int) -> int:
     return min(MAX_ROW_CLASS, 1 << max(0, int(rows).bit_length() - 1))
+
+
+def timed_rows(row_class: int) -> tuple[int, ...]:
+    """The row counts a class is timed at: two inside it, a quarter in from each end and off the
+    powers of two (81 and 111 for 64-127), whose mean time stands for the class. Any one count
+    misleads: at 96 rows OpenBLAS's kernels tile exactly and ran x W (W 512 x 1280) as fast as
+    dnnl_sgemm, which was 5-15% faster from 64 to 127 rows but there. The last class, which holds
+    every larger product, is timed at one count a quarter past its start."""
+    if row_class >= MAX_ROW_CLASS:
+        return (row_class + row_class // 4 + 1,)
+    return tuple(sorted({min(2 * row_class - 1, row_class + row_class // 4 + 1),
+                         max(row_class, 2 * row_class - row_class // 4 - 1)}))
 
 
 def layout_of(a, b) -> str | None:
@@ -669,7 +684,7 @@ def cache_key(dtype, threads: int | None) -> str:
     from .backend.cpu import cpu_generation, cpu_model
     facts = {"cpu": cpu_model(), **cpu_generation(), "python": sys.version.split()[0], "numpy": np.__version__,
              "torch": getattr(_torch(), "__version__", None), "dnnl": dnnl_version(), "openblas_kernels": openblas_kernels(),
-             "threads": threads, "dtype": np.dtype(dtype).name, "format": "times per library, interleaved; dnnl-t copies by the faster of numpy and torch",
+             "threads": threads, "dtype": np.dtype(dtype).name, "format": "times per library, interleaved, the mean of timed_rows; dnnl-t copies by the faster of numpy and torch",
              "weight_offset": WEIGHT_OFFSET}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -743,7 +758,14 @@ def choose(keys, dtype, threads: int | None = None, blas: str | None = None, use
                      for t in ({1, threads} if threads > 1 else {1})} for layout in ("nn", "nt", "tn")}
     missing = [k for k in keys if not isinstance(cached.get(k), dict) or not runs[k[0]] <= set(cached[k])]
     if missing:
-        measured = measure(missing, dtype, names, packing=True, threads=threads)
+        at = {(layout, r, inner, outer): (layout, rows, inner, outer)
+              for layout, rows, inner, outer in missing for r in timed_rows(rows)}
+        measured = {}
+        for k, ts in measure(list(at), dtype, names, packing=True, threads=threads).items():
+            mean = measured.setdefault(at[k], {})
+            share = 1 / len(timed_rows(at[k][1]))
+            for name, t in ts.items():
+                mean[name] = mean.get(name, 0.0) + t * share
         if threads == 1:         # one setting: tag every library with its single thread
             measured = {k: {(("pack:" + n[5:]) if n.startswith("pack:") else n) + "@1": t for n, t in ts.items()}
                         for k, ts in measured.items()}

@@ -163,6 +163,32 @@ def test_row_classes_and_keys():
     assert blas.key_of(blas.layout_of(x.T, dy), x.T, dy) == ("tn", 32, 8, 3)
 
 
+def test_a_class_is_timed_inside_it_and_chosen_by_the_mean_time(cache, monkeypatch):
+    """Each row class is timed at timed_rows, inside the class and off the powers of two, and its
+    time is their mean: a library fastest at one row count only does not win the class."""
+    for c in blas.ROW_CLASSES:
+        assert blas.timed_rows(c) and all(blas.row_class(r) == c for r in blas.timed_rows(c))
+    assert blas.timed_rows(64) == (81, 111) and blas.timed_rows(1) == (1,)
+    names = blas.available("float32")
+    if len(names) < 2:
+        pytest.skip("one GEMM library installed")
+    spiky, steady = names[:2]
+
+    def fake_measure(keys, dtype, libs, threads=1, **options):
+        # spiky: 1 s at a class's first timed count, 5 s at its second; steady: 2.5 s at both
+        out = {}
+        for k in keys:
+            first = k[1] == blas.timed_rows(blas.row_class(k[1]))[0]
+            out[k] = {n: (1.0 if first else 5.0) if n == spiky else 2.5 if n == steady else 9.0 for n in libs}
+        return out
+    monkeypatch.setattr(blas, "measure", fake_measure)
+    gemm = blas.choose([("nn", 1, 8, 3), ("nn", 64, 8, 3)], np.float32, threads=1)
+    assert gemm.choice == {("nn", 1, 8, 3): spiky, ("nn", 64, 8, 3): steady}
+    stored = blas.read_cache(blas.cache_path(np.float32, 1))
+    assert stored[("nn", 64, 8, 3)][f"{spiky}@1"] == pytest.approx(3.0)
+    assert stored[("nn", 1, 8, 3)][f"{spiky}@1"] == pytest.approx(1.0)
+
+
 def small_model():
     return cavs.models.build("tree_fc", hidden=8, leaves=4)
 
@@ -209,7 +235,8 @@ def test_auto_measures_once_and_caches_per_machine_kind(cache, monkeypatch):
                     for lib in libs for t in {1, threads}} for k in keys}
     monkeypatch.setattr(blas, "measure", fake_measure)
     other = cavs.Engine(model)
-    assert calls and set(calls[0]) == keys and len(list(cache.glob("blas-*.json"))) == 2
+    timed = {(layout, r, inner, outer) for layout, rows, inner, outer in keys for r in blas.timed_rows(rows)}
+    assert calls and set(calls[0]) == timed and len(list(cache.glob("blas-*.json"))) == 2
     assert set(other.backend.gemm.choice.values()) == {blas.available("float32")[0]}
 
 

@@ -49,11 +49,18 @@ class MarkedSystem(FakeSystem):
         super().__init__(workload, **kwargs)
         self.marks = Path(marks)
         self.mark = self.marks / f"{os.getpid()}.json"
-        self.mark.write_text(json.dumps({"worker": os.getppid(), "cell": self.batch_size, "start": time.time()}))
+        self._write({"worker": os.getppid(), "cell": self.batch_size, "start": time.time()})
+
+    def _write(self, facts: dict):
+        """Whole or not at all: a test polls for the file and reads it at once (write_text creates
+        it empty first, and a test once read it so)."""
+        tmp = self.marks / f".{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(facts))
+        os.replace(tmp, self.mark)
 
     def step(self, batch):
         loss = super().step(batch)
-        self.mark.write_text(json.dumps({**json.loads(self.mark.read_text()), "end": time.time()}))
+        self._write({**json.loads(self.mark.read_text()), "end": time.time()})
         return loss
 
 

@@ -279,6 +279,19 @@ def measure(spec: dict, extra: dict) -> dict:
     return result
 
 
+def prepare(specs: list[dict]) -> dict:
+    """Builds each cell's system once, untimed, and steps nothing: a system that measures the machine
+    at its first construction (the engine's GEMM choice, registry.MEASURED_ONCE) caches what it
+    measured, and the cells then read it (runner._prepare)."""
+    t0 = time.perf_counter()
+    for spec in specs:
+        system_factory(spec["system"])(
+            spec["workload"], hidden=spec["hidden"], batch_size=spec["batch_size"], mode=spec["mode"],
+            dtype="float32", threads=spec["threads"], seed=0, leaves=spec["leaves"], device=spec["device"],
+            **spec["options"])
+    return {"status": "ok", "seconds": round(time.perf_counter() - t0, 3), "built": len(specs)}
+
+
 def _wants_memory_profile(spec) -> bool:
     """DyNet's memory movement is sampled (experiments/memprofile.py) in table2's cells, or wherever
     $CAVS_DYNET_PERF=1; $CAVS_DYNET_PERF=0 turns it off."""
@@ -305,6 +318,15 @@ def _columns(result: dict) -> dict:
 
 def main(argv):
     launch.die_with_parent()
+    if argv[1] == "--prepare":             # python -m experiments.cell --prepare '[SPEC, ...]'
+        environment.set_flush_denormals(environment.ftz_requested(None))
+        try:
+            result = prepare(json.loads(argv[2]))
+        except Exception as exc:
+            traceback.print_exc()
+            result = {"status": failure_reason(exc)}
+        launch.emit(result)
+        return
     spec = json.loads(argv[1])
     ftz = environment.ftz_requested(spec.get("ftz"))
     environment.set_flush_denormals(ftz)            # first, before any framework starts a thread

@@ -36,6 +36,11 @@ SYSTEM_FACTS = {
     "pytorch":     ("torch", True, True),
     "pytorch-levels": ("torch", True, False),
 }
+# systems whose first construction on a machine measures it: the engine times its GEMM libraries on the
+# model's product shapes and caches the choice (cavs/blas.py), up to minutes for one model at h = 1024 on
+# the 2-core VMs. The local runner builds each of their models once before the cells (runner._prepare), so
+# that no cell pays it inside its time limit.
+MEASURED_ONCE = ("cavs", "cavs-serial", "cavs-torch")
 # A per-sample system's time per epoch does not depend on the batch size, and its matrix-vector products
 # make large cells very slow: it is measured at these points of a sweep only (where the sweep has them).
 PER_SAMPLE_POINTS = {"batch_size": (1, 4, 16), "hidden": (64, 128)}

@@ -15,6 +15,7 @@ from experiments.profiles import Profile
 
 FAKE = "tests.harness.fake_system:FakeSystem"      # a System by import path (experiments/cell.py)
 MARKED = "tests.harness.fake_system:MarkedSystem"
+SLOW_FIRST_USE = "tests.harness.fake_system:SlowFirstUse"
 PROFILE = Profile("test", "cpu", time_limit_s=20, timed_batches=2, target_s=None, reduced_grid=False)
 
 
@@ -62,6 +63,17 @@ class MarkedSystem(FakeSystem):
         loss = super().step(batch)
         self._write({**json.loads(self.mark.read_text()), "end": time.time()})
         return loss
+
+
+class SlowFirstUse(FakeSystem):
+    """A fake system whose first construction on a machine (no file `measured` in `machine` yet) takes
+    `first_use_s`, as the engine's GEMM measurement does; later constructions find the file."""
+    def __init__(self, workload, *, machine, first_use_s, **kwargs):
+        super().__init__(workload, **kwargs)
+        measured = Path(machine) / "measured"
+        if not measured.exists():
+            time.sleep(first_use_s)
+            measured.write_text(str(os.getpid()))
 
 
 def experiment(system, values, variants=(("default", {}),), title="fake"):

@@ -17,7 +17,7 @@ import pytest
 from experiments import registry, results, runner
 from experiments.__main__ import main as experiments_main
 from experiments.profiles import get_profile
-from tests.harness.fake_system import PROFILE, fake_experiment, rows_of
+from tests.harness.fake_system import PROFILE, SLOW_FIRST_USE, experiment, fake_experiment, rows_of
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("importable_fake")
@@ -93,6 +93,23 @@ def test_failed_and_timed_out_cells_are_recorded_and_the_sweep_goes_on(tmp_path)
     before = env.read_text()
     assert runner.run(exp, PROFILE, tmp_path, progress=False) == {"already measured": 6}
     assert env.read_text() == before
+
+
+def test_a_systems_first_use_on_the_machine_is_paid_before_the_cells_not_inside_their_limit(tmp_path, monkeypatch):
+    """A system that measures the machine at its first construction (registry.MEASURED_ONCE: the
+    engine's GEMM choice) is built once per model before the cells, outside their time limit; the
+    cells then find the measurement and finish in time. Without that step, the cell times out."""
+    def sweep(name, values, prepared):
+        machine_dir = tmp_path / f"machine-{name}"
+        machine_dir.mkdir()
+        options = {"machine": str(machine_dir), "first_use_s": 8}
+        monkeypatch.setattr(registry, "MEASURED_ONCE", (SLOW_FIRST_USE,) if prepared else ())
+        exp = experiment(SLOW_FIRST_USE, values, (("default", options),))
+        counts = runner.run(exp, PROFILE, tmp_path / name, time_limit_s=5, progress=False)
+        return counts, (machine_dir / "measured").exists()
+
+    assert sweep("unprepared", (2,), prepared=False) == ({"already measured": 0, "timeout": 1}, False)
+    assert sweep("prepared", (2, 4), prepared=True) == ({"already measured": 0, "ok": 2}, True)
 
 
 def test_csv_has_the_documented_columns_and_epoch_extrapolation(tmp_path):

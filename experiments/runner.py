@@ -17,9 +17,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import environment, executors, launch, machine, results
+from . import environment, executors, launch, machine, registry, results
 from .profiles import Profile, estimated_cell_s, measured_samples
-from . import registry
 from .registry import SYSTEM_FACTS, Experiment
 
 # the fields that identify a cell: equal keys = the same measurement (so the profile is part of it)

@@ -206,6 +206,14 @@ def _batches(spec):
     return [samples[i:i + bs] for i in range(0, len(samples) - bs + 1, bs)]   # last partial batch dropped
 
 
+def build(spec: dict):
+    """The cell's system, constructed as every cell constructs it (float32, seed 0)."""
+    return system_factory(spec["system"])(
+        spec["workload"], hidden=spec["hidden"], batch_size=spec["batch_size"], mode=spec["mode"],
+        dtype="float32", threads=spec["threads"], seed=0, leaves=spec["leaves"], device=spec["device"],
+        **spec["options"])
+
+
 def measure(spec: dict, extra: dict) -> dict:
     ftz = environment.ftz_requested(spec.get("ftz"))
     bs = spec["batch_size"]
@@ -226,9 +234,7 @@ def measure(spec: dict, extra: dict) -> dict:
         warm_count = max(warm_count, min(3, math.ceil(16 / bs)))
     warmup = pick_warmup(work, timed, warm_count, how)
 
-    system = system_factory(spec["system"])(
-        spec["workload"], hidden=spec["hidden"], batch_size=bs, mode=spec["mode"], dtype="float32",
-        threads=spec["threads"], seed=0, leaves=spec["leaves"], device=spec["device"], **spec["options"])
+    system = build(spec)
     environment.set_flush_denormals(ftz)                # the harness's setting, whatever the system set
     backend = _backend(system, spec["system"])          # before timings.reset() clears timings.extra
     for i in warmup:
@@ -285,10 +291,7 @@ def prepare(specs: list[dict]) -> dict:
     measured, and the cells then read it (runner._prepare)."""
     t0 = time.perf_counter()
     for spec in specs:
-        system_factory(spec["system"])(
-            spec["workload"], hidden=spec["hidden"], batch_size=spec["batch_size"], mode=spec["mode"],
-            dtype="float32", threads=spec["threads"], seed=0, leaves=spec["leaves"], device=spec["device"],
-            **spec["options"])
+        build(spec)
     return {"status": "ok", "seconds": round(time.perf_counter() - t0, 3), "built": len(specs)}
 
 

@@ -35,7 +35,8 @@ A product is keyed by (layout, row class, inner, outer): layout "nn" is x W, "nt
 x^T dy (a parameter gradient, whose inner dimension is the rows); the row class is the power of
 two at or below the varying dimension (capped at MAX_ROW_CLASS). choose() times each library on
 each key of a model (the engine lists them from F, dF and the head) at two row counts inside its
-class and keeps the mean (timed_rows): a library's rate can change 2-3x within a class (on the Zen 3
+class and keeps the mean (timed_rows), interleaved round by round (_time_interleaved, which times
+products of LONG_CALL_S and more in two samples instead of ROUNDS rounds): a library's rate can change 2-3x within a class (on the Zen 3
 EPYC, dnnl_sgemm ran x W, W 256 x 1024, at 28 GFLOP/s on 16 rows and 73 on 31), and timing a class
 at its first row count chose libraries that ran most of the class slower. Their times persist in
 <kernel cache>/blas-<key>.json, keyed by the CPU's generation, the libraries' versions, the
@@ -64,6 +65,7 @@ MAX_ROW_CLASS = 1024           # larger products run at the rate of this class (
 ROW_CLASSES = tuple(1 << k for k in range(MAX_ROW_CLASS.bit_length()))     # 1, 2, 4, ..., 1024
 MIN_TIMED_S = 0.002            # a measurement repeats the product until it took this long
 ROUNDS = 4                     # ... in each of this many rounds, every library once a round
+LONG_CALL_S = 0.025            # a product whose every library's call takes this long: two samples
 # products a pass makes with one weight in the task loop, sharing its packing (10-30 per batch on
 # the paper's trees and sentences; the lower end, so that packing is not undercharged). A product
 # of a whole-batch phase (eager, lazy, the head) is one per pass, and pays its packing alone.
@@ -618,15 +620,23 @@ def _time_packing(lib, b) -> float:
 def _time_interleaved(libs: dict, out, a, b, accumulate) -> dict[str, float]:
     """{library: seconds} of each library's fastest call, timed in turn over ROUNDS rounds (each
     library once per round, repeated to MIN_TIMED_S): this VM's rate drifts by 5-10% within a
-    second, so timing one library's calls after another's would rank them by when they ran."""
-    reps = {}
+    second, so timing one library's calls after another's would rank them by when they ran.
+
+    A long product (every library's call at least LONG_CALL_S) is timed in two samples instead:
+    the call that sized the repeats, and one interleaved round. Those products took most of a
+    model's first construction (the Var-LSTM's 10,000-class head at h = 1024: 155 s, 6 calls per
+    library and key), and at 25 ms and up a call's own noise is what the rounds' minimum would
+    remove."""
+    reps, sizing = {}, {}
     for name, lib in libs.items():
-        lib.gemm(out, a, b, accumulate)
+        lib.gemm(out, a, b, accumulate)            # first touch of the output, per-pass packing
         t0 = time.perf_counter()
         lib.gemm(out, a, b, accumulate)
-        reps[name] = max(1, int(MIN_TIMED_S / max(time.perf_counter() - t0, 1e-9)))
-    best = dict.fromkeys(libs, float("inf"))
-    for _ in range(ROUNDS):
+        sizing[name] = time.perf_counter() - t0
+        reps[name] = max(1, int(MIN_TIMED_S / max(sizing[name], 1e-9)))
+    long = min(sizing.values(), default=0.0) >= LONG_CALL_S
+    best = dict(sizing) if long else dict.fromkeys(libs, float("inf"))
+    for _ in range(1 if long else ROUNDS):
         for name, lib in libs.items():
             t0 = time.perf_counter()
             for _ in range(reps[name]):

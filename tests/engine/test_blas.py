@@ -3,6 +3,7 @@ measured per product shape, cached per machine, forced when asked, a corrupt cac
 from __future__ import annotations
 
 import json
+import time
 import warnings
 
 import numpy as np
@@ -125,6 +126,30 @@ def test_measure_times_every_library_on_each_key():
     for (layout, *_), ts in times.items():
         assert set(ts) == {n for n in libs if blas.make(n).supports(np.float32, layout)}
         assert all(0 < t < 1 for t in ts.values())
+
+
+class SleepingLibrary:
+    """A library whose every call takes `seconds` (slept) and is counted."""
+    def __init__(self, seconds):
+        self.seconds, self.calls = seconds, 0
+
+    def gemm(self, out, a, b, accumulate=False, bias=None):
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+def test_a_long_product_is_timed_in_two_samples_and_a_short_one_in_rounds():
+    """Every library gets a first call (untimed) and a call that sizes its repeats. A short product
+    is then timed in ROUNDS interleaved rounds; a long one (every library at LONG_CALL_S or more) in
+    one round, the sizing call counting as the other sample."""
+    long = {"a": SleepingLibrary(blas.LONG_CALL_S), "b": SleepingLibrary(blas.LONG_CALL_S * 1.5)}
+    times = blas._time_interleaved(long, None, None, None, False)
+    assert [lib.calls for lib in long.values()] == [3, 3]
+    assert blas.LONG_CALL_S <= times["a"] < times["b"]
+    # one fast library keeps the product short for all: every library in ROUNDS rounds
+    mixed = {"fast": SleepingLibrary(blas.MIN_TIMED_S), "slow": SleepingLibrary(blas.LONG_CALL_S)}
+    blas._time_interleaved(mixed, None, None, None, False)
+    assert [lib.calls for lib in mixed.values()] == [2 + blas.ROUNDS] * 2
 
 
 def test_parameters_and_measured_weights_share_one_alignment(monkeypatch):

@@ -13,18 +13,22 @@ row is appended when its result reaches the driver. With Ray:
   to each node, which also warns about a node whose checkout is at another revision than the driver's);
   each row records its node and kind;
 - at most as many cells are in flight as the cluster can run at once, so the sweep's time budget still
-  decides which cells start.
+  decides which cells start;
+- a cell whose system measures the machine at its first use (registry.MEASURED_ONCE, the engine's GEMM
+  choice) has its model built on the node first, outside its limit, as the local runner builds every
+  model before the cells.
 
 Ray is optional (`pip install -e '.[cluster]'`); nothing here imports it until `--executor ray` is used.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-from . import environment, launch, machine
+from . import environment, launch, machine, registry
 
 RAY_INSTALL = ("the ray executor needs Ray: `.venv/bin/pip install -e '.[cluster]'` "
                "(or `pip install 'ray[client]==2.60.0'`)")
@@ -81,9 +85,30 @@ def _probe(threads: int, profile: str) -> dict:
     return {"node": machine.node(), "kind": machine.kind(), "git_rev": environment.git_revision()}
 
 
-def _cell_task(cell: dict, limit_s: float) -> dict:
-    """Runs on a node: one cell, as locally; its log (failed cells only) travels back with the result."""
+_BUILT: set = set()          # in a Ray worker: the models it has built (launch.model_key)
+
+
+def _build_on_node(cell: dict, tmp: Path) -> None:
+    """Builds the cell's model before its timed run, outside its limit (launch.prepare_models), once
+    per model in this worker; one build at a time on the node (a file lock), so that a second worker
+    finds the first's measurements cached instead of measuring beside it."""
+    key = launch.model_key(cell)
+    if key in _BUILT:
+        return
+    with open(Path(tempfile.gettempdir()) / "cavs-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        launch.prepare_models([cell], cell["threads"], tmp / "prepare.log")
+    _BUILT.add(key)          # built or failed: a failed build leaves the cell to measure, as locally
+
+
+def _cell_task(cell: dict, limit_s: float, build_first: bool = False) -> dict:
+    """Runs on a node: one cell, as locally; its log (failed cells only) travels back with the result.
+    `build_first`: the cell's system measures the machine at its first use (registry.MEASURED_ONCE),
+    so its model is built first on this node (_build_on_node), as the local runner builds it before
+    the cells (runner._prepare)."""
     with tempfile.TemporaryDirectory(prefix="cavs-cell-") as tmp:
+        if build_first:
+            _build_on_node(cell, Path(tmp))
         result = launch.run_cell(cell, limit_s, Path(tmp))
         log = Path(tmp) / f"{cell['cell_id']}.log"
         text = log.read_text(errors="replace") if log.exists() else None
@@ -210,7 +235,8 @@ class RayExecutor:
                     if cell is None or not may_start(cell):
                         stopped = True
                         break
-                    pending[self._task.options(**task_resources(cell)).remote(cell, limit_s)] = cell
+                    build_first = cell["system"] in registry.MEASURED_ONCE and cell["device"] == "cpu"
+                    pending[self._task.options(**task_resources(cell)).remote(cell, limit_s, build_first)] = cell
                 if not pending:
                     return
                 ready, _ = ray.wait(list(pending), num_returns=1)

@@ -145,6 +145,23 @@ def run_cell(cell: dict, time_limit_s: float, log_dir: Path, root: Path | None =
                log=Path(log_dir) / f"{cell['cell_id']}.log", root=root, native_blas=native_blas)
 
 
+PREPARE_LIMIT_S = 3600       # building a sweep's models once, the engine's measurements included
+
+
+def model_key(cell: dict) -> tuple:
+    """What a cell's model build measures the machine for: its system, workload, size and options."""
+    return (cell["system"], cell["workload"], cell["hidden"], cell["leaves"], json.dumps(cell["options"], sort_keys=True))
+
+
+def prepare_models(cells: list[dict], threads: int, log: Path) -> dict:
+    """Builds the models of `cells` once, in one process at `threads` (`experiments.cell --prepare`),
+    with an hour's limit: a system that measures the machine at its first construction (the engine's
+    GEMM choice, registry.MEASURED_ONCE) caches the measurement there, outside the cells' limits."""
+    distinct = list({model_key(c): c for c in cells}.values())
+    return run("experiments.cell", ["--prepare", json.dumps(distinct)], threads=threads,
+               time_limit_s=PREPARE_LIMIT_S, log=log)
+
+
 def run_records(module: str, args: list[str], *, threads: int = 1,
                 time_limit_s: float) -> tuple[list[dict], str]:
     """`python -m module *args` as run() starts it, for a process that prints a result line per step

@@ -119,26 +119,22 @@ def _write_environment(results_dir: Path, executor, threads: int, profile: str, 
     os.replace(tmp, path)
 
 
-PREPARE_LIMIT_S = 3600       # building every model of a sweep once, measurements included
-
-
 def _prepare(cells: list[dict], log_dir: Path, progress: bool = True) -> None:
     """Builds each model of `cells` whose system measures the machine at its first use
     (registry.MEASURED_ONCE) once, in one process per thread count, before the cells: the measurement
     is cached, and a cell would otherwise pay it inside its time limit (Var-LSTM h = 1024: 145 s on
-    the Zen 3 VM, against the cpu profile's 90 s). Where it fails, the cells measure as before."""
-    specs: dict[int, dict] = {}
+    the Zen 3 VM, against the cpu profile's 90 s). Where it fails, the cells measure as before. A Ray
+    sweep builds on each node instead (executors.RayExecutor)."""
+    by_threads: dict[int, list[dict]] = {}
     for c in cells:
         if c["system"] in registry.MEASURED_ONCE:
-            key = (c["system"], c["workload"], c["hidden"], c["leaves"], json.dumps(c["options"], sort_keys=True))
-            specs.setdefault(c["threads"], {}).setdefault(key, c)
-    for threads, distinct in sorted(specs.items()):
+            by_threads.setdefault(c["threads"], []).append(c)
+    for threads, mine in sorted(by_threads.items()):
         t0 = time.monotonic()
         if progress:
-            print(f"building {len(distinct)} model(s) once before the cells, at {threads} thread(s): the engine "
-                  "measures its GEMM libraries on a model's first use on a machine", file=sys.stderr)
-        result = launch.run("experiments.cell", ["--prepare", json.dumps(list(distinct.values()))], threads=threads,
-                            time_limit_s=PREPARE_LIMIT_S, log=log_dir / f"prepare-{threads}.log")
+            print(f"building {len({launch.model_key(c) for c in mine})} model(s) once before the cells, at {threads} "
+                  "thread(s): the engine measures its GEMM libraries on a model's first use on a machine", file=sys.stderr)
+        result = launch.prepare_models(mine, threads, log_dir / f"prepare-{threads}.log")
         if result["status"] != "ok":
             print(f"building the models failed ({result['status']}); each cell measures on its own",
                   file=sys.stderr)

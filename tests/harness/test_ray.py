@@ -16,7 +16,7 @@ import pytest
 
 from experiments import executors, machine, registry, results, runner
 from experiments.profiles import get_profile
-from tests.harness.fake_system import MARKED, PROFILE, experiment, fake_experiment, rows_of
+from tests.harness.fake_system import MARKED, PROFILE, SLOW_FIRST_USE, experiment, fake_experiment, rows_of
 
 ROOT = Path(__file__).resolve().parents[2]
 try:
@@ -64,6 +64,20 @@ def test_quick_sweep_through_ray_gives_the_local_executors_cells_and_statuses(cl
     env = json.loads((tmp_path / "ray" / "environment.json").read_text())
     assert env["machine_kind"] == machine.kind() and env["profile"] == "quick"
     assert ray_run(exp, tmp_path / "ray") == {"already measured": 6}     # resume by cell_id
+
+
+@needs_ray
+def test_a_systems_first_use_is_paid_on_the_node_before_the_cells_not_inside_their_limit(cluster, tmp_path, monkeypatch):
+    """As the local runner does (test_runner), a Ray task builds a model whose system measures the
+    machine at its first use (registry.MEASURED_ONCE) before its cell's timed run: the fake's first
+    construction takes 8 s, its cells' limit is 5 s. The two cells start on the node's two CPUs at
+    once; one builds, the other waits for it and finds the measurement."""
+    machine_dir = tmp_path / "machine"
+    machine_dir.mkdir()
+    monkeypatch.setattr(registry, "MEASURED_ONCE", (SLOW_FIRST_USE,))
+    exp = experiment(SLOW_FIRST_USE, (2, 4), (("default", {"machine": str(machine_dir), "first_use_s": 8}),))
+    assert ray_run(exp, tmp_path / "out", PROFILE, time_limit_s=5) == {"already measured": 0, "ok": 2}
+    assert (machine_dir / "measured").exists()
 
 
 @needs_ray

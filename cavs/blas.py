@@ -35,10 +35,10 @@ A product is keyed by (layout, row class, inner, outer): layout "nn" is x W, "nt
 x^T dy (a parameter gradient, whose inner dimension is the rows); the row class is the power of
 two at or below the varying dimension (capped at MAX_ROW_CLASS). choose() times each library on
 each key of a model (the engine lists them from F, dF and the head) at two row counts inside its
-class and keeps the mean (timed_rows), interleaved round by round (_time_interleaved, which times
-products of LONG_CALL_S and more in two samples instead of ROUNDS rounds): a library's rate can change 2-3x within a class (on the Zen 3
-EPYC, dnnl_sgemm ran x W, W 256 x 1024, at 28 GFLOP/s on 16 rows and 73 on 31), and timing a class
-at its first row count chose libraries that ran most of the class slower. Their times persist in
+class and keeps the mean (timed_rows; the libraries interleaved, _time_interleaved): a library's
+rate can change 2-3x within a class (on the Zen 3 EPYC, dnnl_sgemm ran x W, W 256 x 1024, at
+28 GFLOP/s on 16 rows and 73 on 31), and timing a class at its first row count chose libraries that
+ran most of the class slower. Their times persist in
 <kernel cache>/blas-<key>.json, keyed by the CPU's generation, the libraries' versions, the
 kernel set OpenBLAS runs, the thread count and the dtype. A file that cannot be read is ignored
 with a warning and measured again.
@@ -624,9 +624,9 @@ def _time_interleaved(libs: dict, out, a, b, accumulate) -> dict[str, float]:
 
     A long product (every library's call at least LONG_CALL_S) is timed in two samples instead:
     the call that sized the repeats, and one interleaved round. Those products took most of a
-    model's first construction (the Var-LSTM's 10,000-class head at h = 1024: 155 s, 6 calls per
-    library and key), and at 25 ms and up a call's own noise is what the rounds' minimum would
-    remove."""
+    model's first construction (the Var-LSTM at h = 1024 on the Zen 3 EPYC: 151 s, 94 s so), and
+    two samples chose another library than four rounds only where the two were a few percent apart,
+    as four rounds run twice did (docs/design.md)."""
     reps, sizing = {}, {}
     for name, lib in libs.items():
         lib.gemm(out, a, b, accumulate)            # first touch of the output, per-pass packing

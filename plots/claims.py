@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from .load import read_csv
+
 
 def _ok(results: Path, name: str) -> pd.DataFrame:
     path = results / f"{name}.csv"
     if not path.exists():
         return pd.DataFrame()
-    df = pd.read_csv(path)
+    df = read_csv(path)
     return df[df.status == "ok"]
 
 

@@ -7,6 +7,12 @@ import pandas as pd
 
 TIME_COLUMNS = ("construct_s", "compute_s", "memory_s", "computation_s", "total_s")
 MEMORY_COLUMNS = ("peak_rss_mb", "gpu_peak_mb")     # per cell process, not scaled
+TEXT_COLUMNS = {"git_rev": str, "commit": str}      # a short commit id like 3010e33 would parse as 3.01e+36
+
+
+def read_csv(path) -> pd.DataFrame:
+    """A results CSV with its commit columns kept as text."""
+    return pd.read_csv(path, dtype=TEXT_COLUMNS)
 
 
 def load(results_dir, experiment: str, profile: str | None = None):
@@ -15,7 +21,7 @@ def load(results_dir, experiment: str, profile: str | None = None):
     path = Path(results_dir) / f"{experiment}.csv"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found; run `python -m experiments run {experiment}` first")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     if profile is None:
         profile = df.sort_values("timestamp")["profile"].iloc[-1]
     df = df[df["profile"] == profile]

@@ -23,7 +23,7 @@ from typing import Callable
 import pandas as pd
 
 from .claims import claims
-from .load import load
+from .load import load, read_csv
 
 ROOT = Path("results")
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -245,10 +245,6 @@ KNOWN_FILES = {"environment.json", "notes.md", "REPORT.md", "README.md"} | {f"{s
 
 
 # ---------------------------------------------------------------- reading the directory
-
-def read_csv(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path, dtype={"git_rev": str, "commit": str})
-
 
 def commits(df: pd.DataFrame, column: str = "git_rev") -> str:
     """'83c3cb2 (247 rows)', or 'not recorded in the file'."""

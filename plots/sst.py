@@ -14,6 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from .load import read_csv  # noqa: E402
+
 STYLE = {"cavs": ("tab:red", "o"), "dynet": ("tab:blue", "s"), "pytorch": ("tab:gray", "X")}
 LABEL = {"cavs": "Cavs", "dynet": "DyNet (autobatching)", "pytorch": "PyTorch (per sample)"}
 # root accuracy on SST test, in %: (fine-grained, binary)
@@ -30,7 +32,7 @@ def load(results_dir) -> pd.DataFrame:
     path = Path(results_dir) / "sst.csv"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run `make sst` (python -m experiments.sst) first")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     if df.empty:
         raise ValueError(f"{path} has no rows")
     return df

@@ -64,3 +64,28 @@ def test_memory_table_and_figure_render_from_fig8_rows(tmp_path):
     text = (tmp_path / "figures" / "memory.md").read_text()
     assert "| workload | batch_size | hidden | cavs |" in text and "| Tree-LSTM | 64 | 1024 |" in text
     assert "DyNet reserves its memory pool" in text
+
+
+def test_a_commit_id_that_reads_as_a_number_stays_text(tmp_path):
+    """`3010e33` is a valid float: every plots reader keeps git_rev as the commit's text."""
+    import pandas as pd
+    from plots import load, sst
+    synthetic_csv(tmp_path, "fig8")
+    path = results.csv_path(tmp_path, "fig8")
+    df = pd.read_csv(path)
+    df["git_rev"] = "3010e33"
+    df.to_csv(path, index=False)
+    ok, _, _ = load.load(tmp_path, "fig8")
+    assert set(ok["git_rev"]) == {"3010e33"}
+    rows = [{"system": s, "epoch": e, "epoch_fraction": 1, "trees": 100, "train_s": 2.0 * (1 + (s == "dynet")),
+             "eval_s": 0.1, "cum_train_s": 2.0 * e, "wall_s": 2.1 * e, "train_loss": 1.0 / e,
+             "dev_fine": 0.40 + 0.01 * e, "dev_binary": 0.8, "best_epoch": int(e == 2),
+             "test_fine": 0.41 if e == 2 else "", "test_binary": 0.8 if e == 2 else "", "batch_size": 25,
+             "hidden": 8, "threads": 1, "profile": "quick", "status": "ok", "git_rev": "3010e33"}
+            for s in ("cavs", "dynet") for e in (1, 2)]
+    from experiments.studies import sst as study
+    for r in rows:                                   # the study's other columns, as a run fills them
+        r.update({c: 1.0 for c in study.COLUMNS if c not in r and c.endswith(("_s", "_per_s"))})
+    pd.DataFrame(rows).reindex(columns=study.COLUMNS).to_csv(tmp_path / "sst.csv", index=False)
+    sst.render(tmp_path)
+    assert "git 3010e33," in (tmp_path / "figures" / "sst.md").read_text()

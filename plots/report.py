@@ -22,7 +22,7 @@ from typing import Callable
 
 import pandas as pd
 
-from .claims import claims
+from .claims import claims, measured_on, on_gpu
 from .load import load, read_csv
 
 ROOT = Path("results")
@@ -162,13 +162,15 @@ STUDIES = (
           {"cavs_speedup": _times, "over_floor": _times, "over_frontier_bound": _times,
            "thread_speedup": _times}),
     Study("nary", "Variable arity: a child-sum Tree-LSTM on n-ary trees",
-          "The child-sum Tree-LSTM of cavs/models/child_sum.py (h = 256, embedding 128, bs = 64) on SST "
-          "trees merged into n-ary trees: the edge form (`children()`) against the slot form (22 child "
-          "slots) and DyNet with autobatching, the edge form with its batches built before the clock "
-          "(`cavs-prebuilt`), and synthetic sets with the same number of edges at maximum degree 4, 32 "
-          "and 256 (time per edge, first step with compilation), each beside the floor of the products "
-          "the model needs.",
-          {"cell": "cell", "trees": "trees", "max_degree": "max degree", "edges": "edges",
+          "The child-sum Tree-LSTM (h = 256, embedding 128, bs = 64) on SST trees merged into n-ary "
+          "trees, Cavs against DyNet with autobatching, each beside the floor of the products the model "
+          "needs. `form` says how the Cavs model reads its children: as edges (`children()`, "
+          "cavs/models/child_sum.py) or through declared child slots (`child slots`; a file without the "
+          "`form` column measured the slot form only). `cavs-prebuilt` builds its batches before the "
+          "clock; the synthetic sets have the same number of edges at maximum degree 4, 32 and 256 "
+          "(time per edge, first step with compilation).",
+          {"cell": "cell", "form": "form", "arity": "child slots", "trees": "trees",
+           "max_degree": "max degree", "edges": "edges",
            "best_s": "time (s)", "construct_s": "construction (s)", "per_edge_us": "µs / edge",
            "first_step_s": "first step (s)", "floor_s": "floor (s)", "over_floor": "/ floor",
            "over_frontier_bound": "/ bound", "last_loss": "loss"},
@@ -426,9 +428,11 @@ def claims_section(results: Path) -> list[str]:
         return []
     sources = [n for n in ("fig8", "fig9", "ablation") if (results / f"{n}.csv").exists()]
     return ["## The paper's claims next to what was measured here", "",
-            "Ratios of per-epoch times from the same sweep (one machine, one thread per system); computed "
-            f"by `plots/claims.py` from {', '.join(f'`{s}.csv`' for s in sources)}. The paper's figures are "
-            "from a GPU; a small product on a CPU is not launch-bound, so its GPU ratios are not expected here.",
+            f"Ratios of per-epoch times from the same sweep (one machine; {measured_on(results)}); computed "
+            f"by `plots/claims.py` from {', '.join(f'`{s}.csv`' for s in sources)}. "
+            + ("Measured on a GPU, as the paper's figures were." if on_gpu(results) else
+               "The paper's figures are from a GPU; a small product on a CPU is not launch-bound, so its "
+               "GPU ratios are not expected here."),
             "", table.rstrip("\n"), ""]
 
 

@@ -89,3 +89,24 @@ def test_a_commit_id_that_reads_as_a_number_stays_text(tmp_path):
     pd.DataFrame(rows).reindex(columns=study.COLUMNS).to_csv(tmp_path / "sst.csv", index=False)
     sst.render(tmp_path)
     assert "git 3010e33," in (tmp_path / "figures" / "sst.md").read_text()
+
+
+def test_claims_say_where_their_cells_ran(tmp_path):
+    """The claims table names the device and threads of its own rows: a gpu-check directory's claims
+    are not labelled 'CPU, 1 thread', nor told that GPU ratios are not expected there."""
+    import pandas as pd
+    from plots.claims import claims
+    from plots.report import claims_section
+    synthetic_csv(tmp_path, "fig8")
+    assert "| measured here (CPU, 1 thread) |" in claims(tmp_path)
+    assert "not launch-bound" in "\n".join(claims_section(tmp_path))
+    path = results.csv_path(tmp_path, "fig8")
+    df = pd.read_csv(path)
+    df["device"], df["threads"] = "cuda", 1
+    df.to_csv(path, index=False)
+    assert "| measured here (GPU) |" in claims(tmp_path)
+    section = "\n".join(claims_section(tmp_path))
+    assert "Measured on a GPU" in section and "not launch-bound" not in section
+    df["device"], df["threads"] = "cpu", 2
+    df.to_csv(path, index=False)
+    assert "| measured here (CPU, 2 threads) |" in claims(tmp_path)

@@ -7,6 +7,8 @@ writes RESULTS/extrapolation.csv and fails when an extrapolation is off by more 
 
     python -m experiments.studies extrapolation [--results results] [--only 1,5,...] [--list]
     python -m experiments.studies extrapolation --slice first --warmup last   # the harness's former slice choice
+    python -m experiments.studies extrapolation --cells cavs:var_lstm:1:512,cavs:var_lstm:2:512 \
+        --out neighbours.csv     # Figure 8 cells that break their curves, reproduced with runs 10x the slice
 
 About 11-15 minutes on a quiet 2-core machine (`--list` prints the cells and the cost model's guesses).
 """
@@ -108,14 +110,44 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-error", type=float, default=0.15)
     parser.add_argument("--slice", default="spread", choices=("spread", "first"), help="the slice under test")
     parser.add_argument("--warmup", default="largest", choices=("largest", "last"))
+    parser.add_argument("--cells", type=parse_cells,
+                        help="other cells instead of the built-in ones, comma-separated "
+                             "system:workload:bs:h[:long] (long: a multiple of the slice, default 10, or 'epoch')")
     parser.add_argument("--out", help="file name under RESULTS (default extrapolation.csv)")
 
 
+def parse_cells(text: str) -> tuple:
+    """'cavs:var_lstm:1:512,dynet:var_lstm:2:512:epoch' -> CELLS-like entries (long 10 unless given)."""
+    import argparse
+    from ..registry import SYSTEM_FACTS as SYSTEMS, WORKLOAD_TITLES as WORKLOADS
+    cells = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        parts = item.split(":")
+        try:
+            system, workload, bs, hidden = parts[0], parts[1], int(parts[2]), int(parts[3])
+            long = 10 if len(parts) == 4 else ("epoch" if parts[4] == "epoch" else int(parts[4]))
+            if len(parts) > 5 or bs < 1 or hidden < 1 or (long != "epoch" and long < 2):
+                raise ValueError
+        except (IndexError, ValueError):
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not system:workload:bs:h[:long] (bs, h whole numbers; long >= 2 or 'epoch')")
+        if system not in SYSTEMS or workload not in WORKLOADS:
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: unknown {'system' if system not in SYSTEMS else 'workload'} "
+                f"{system if system not in SYSTEMS else workload!r} (systems: {', '.join(sorted(SYSTEMS))}; "
+                f"workloads: {', '.join(sorted(WORKLOADS))})")
+        cells.append((system, workload, bs, hidden, long))
+    if not cells:
+        raise argparse.ArgumentTypeError("no cell given")
+    return tuple(cells)
+
+
 def main(results_dir: Path, args) -> int:
-    chosen = [int(x) for x in args.only.split(",")] if args.only else list(range(1, len(CELLS) + 1))
+    cells = args.cells or CELLS
+    chosen = [int(x) for x in args.only.split(",")] if args.only else list(range(1, len(cells) + 1))
     if args.list:
         total = 0.0
-        for i, c in enumerate(CELLS, 1):
+        for i, c in enumerate(cells, 1):
             guess = estimate_s(c)
             total += guess if i in chosen else 0
             print(f"{i:>3}  {c[0]:<12} {c[1]:<11} bs={c[2]:<4} h={c[3]:<5} long={c[4]:<6} ~{guess / 60:4.1f} min")
@@ -125,7 +157,7 @@ def main(results_dir: Path, args) -> int:
     path = results_dir / (args.out or "extrapolation.csv")
     rows, bad = [], []
     for i in chosen:
-        entry = CELLS[i - 1]
+        entry = cells[i - 1]
         if runner.unavailable(entry[0], "cpu"):
             print(f"skipped {entry[0]}: {runner.unavailable(entry[0], 'cpu')}", file=sys.stderr)
             continue

@@ -47,12 +47,14 @@ COLUMNS = ("system", "workload", "mode", "batch_size", "hidden", "leaves", "slic
            "extrapolated_epoch_s", "measured_epoch_s", "rel_error", "status", "ftz", "git_rev", "timestamp")
 
 
-def cell_spec(system, workload, bs, hidden, *, samples, slice_how, warmup_how, threads=1) -> dict:
+def cell_spec(system, workload, bs, hidden, *, samples, slice_how, warmup_how, threads=1, repeats=None) -> dict:
+    """The `cpu` profile's cell, or with `samples` and `repeats` given, the long run's (one pass: its
+    length averages the VM's spells)."""
     profile = get_profile("cpu")
     cell = {"experiment": "extrapolation", "panel": "x", "workload": workload, "system": system,
             "variant": "default", "options": {}, "mode": "train", "batch_size": bs, "hidden": hidden,
             "leaves": 256, "threads": threads, "device": "cpu", "profile": profile.name,
-            "warmup_batches": profile.warmup_batches, "repeats": profile.repeats}
+            "warmup_batches": profile.warmup_batches, "repeats": repeats or profile.repeats}
     cell["samples"] = measured_samples(profile, cell) if samples == "cpu" else samples
     cell["slice"], cell["warmup"] = slice_how, warmup_how
     cell["cell_id"] = f"extrapolation-{system}-{workload}-{bs}-{hidden}-{slice_how}-{samples}"
@@ -79,7 +81,7 @@ def check_cell(entry, results_dir: Path, slice_how: str, warmup_how: str) -> dic
     epoch = int(first["epoch_samples"])
     n = long_samples(first["samples"], bs, long, epoch)
     # the reference: a contiguous block of the shuffled epoch (a plain random sample), or all of it
-    ref = cell_spec(system, workload, bs, hidden, samples=n, slice_how="first", warmup_how=warmup_how)
+    ref = cell_spec(system, workload, bs, hidden, samples=n, slice_how="first", warmup_how=warmup_how, repeats=1)
     guess_s = first["total_s"] * (n or epoch) / first["samples"]
     second = launch.run_cell(ref, 120 + 4 * guess_s, log_dir)
     if second["status"] != "ok":

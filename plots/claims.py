@@ -40,26 +40,19 @@ def _span(r) -> str:
     return f"{r.min():.2f}x - {r.max():.2f}x (median {r.median():.2f}x, {len(r)} cells)"
 
 
-def _swept(results: Path) -> pd.DataFrame:
-    """The ok rows of the sweeps the claims read, together."""
-    return pd.concat([_ok(results, n) for n in ("fig8", "ablation", "fig9")], ignore_index=True)
-
-
-def on_gpu(results: Path) -> bool:
-    """Whether Cavs's cells of these sweeps ran on a GPU (their `device` column)."""
-    df = _swept(results)
-    if "device" not in df or "system" not in df:
-        return False
-    return bool((df[df.system == "cavs"].device.astype(str) == "cuda").any())
+def _where(frames) -> str:
+    """'GPU' or 'CPU, 1 thread': where the cells of these sweeps ran, from their own `device` and
+    `threads` columns (Cavs's cells on cuda: GPU)."""
+    df = pd.concat(frames, ignore_index=True)
+    if "device" in df and "system" in df and (df[df.system == "cavs"].device.astype(str) == "cuda").any():
+        return "GPU"
+    threads = (sorted({int(t) for t in df.threads.dropna()}) if "threads" in df else []) or [1]
+    return f"CPU, {'/'.join(map(str, threads))} thread{'s' if threads != [1] else ''}"
 
 
 def measured_on(results: Path) -> str:
-    """'GPU' or 'CPU, 1 thread': where the claims' cells ran, from the CSVs' own columns."""
-    if on_gpu(results):
-        return "GPU"
-    df = _swept(results)
-    threads = sorted({int(t) for t in df.threads.dropna()}) if "threads" in df else [1]
-    return f"CPU, {'/'.join(map(str, threads)) or 1} thread{'s' if threads != [1] else ''}"
+    """Where the claims' cells ran: 'GPU' or 'CPU, N thread(s)'."""
+    return _where([_ok(results, n) for n in ("fig8", "ablation", "fig9")])
 
 
 def claims(results: Path) -> str:
@@ -105,7 +98,7 @@ def claims(results: Path) -> str:
         rows.append(("Cavs's graph construction is a small share of the epoch (Fold and DyNet pay more)",
                      "fig9: median construct_s / total_s",
                      ", ".join(f"{s} {v:.0%}" for s, v in share.items())))
-    lines = [f"| paper's claim | measured from | measured here ({measured_on(results)}) |", "| --- | --- | --- |"]
+    lines = [f"| paper's claim | measured from | measured here ({_where([fig8, abl, fig9])}) |", "| --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines) + "\n"
 

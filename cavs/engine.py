@@ -28,7 +28,7 @@ from .backend import get_backend
 from .loss import softmax, softmax_cross_entropy, warm_up as loss_warm_up
 from .lowering import Lowered
 from .memory import Counters, EdgePlan, LossPlan, MessagePlans, PullPlan, Timings
-from .model import EMBEDDING, HEAD, Batch
+from .model import EMBEDDING, HEAD, Batch, check_finite
 from .scheduler import POLICIES
 from .support import SKIP, actions
 
@@ -48,6 +48,10 @@ class Engine:
                  seed: int | None = None, frozen=(), on_nonfinite: str = "raise"):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+        if threads is not None and (not isinstance(threads, (int, np.integer)) or isinstance(threads, bool)
+                                    or threads < 0):
+            raise ValueError(f"threads must be a positive integer (or None or 0 to leave the process's "
+                             f"setting as it is), got {threads!r}")
         if on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
         unknown = sorted(set(frozen) - set(model.param_shapes))
@@ -263,7 +267,10 @@ class Engine:
         if set(params) != set(engine._params):
             raise ValueError(f"{path}: holds parameters {sorted(params)}, the model has {sorted(engine._params)}")
         for name, value in params.items():
-            engine.params[name] = value
+            try:
+                engine.params[name] = value
+            except ValueError as e:
+                raise ValueError(f"{path}: {e}") from None
         if type(engine.optimizer).__name__ == config["type"]:
             engine.optimizer.load_state_dict(engine.backend, {k[len("optim/"):]: v for k, v in saved.items()
                                                               if k.startswith("optim/")}, engine.dtype)
@@ -549,6 +556,7 @@ class ParamView(MutableMapping):
         value = np.asarray(value)
         if value.shape != tuple(old.shape):
             raise ValueError(f"parameter {name} has shape {tuple(old.shape)}, got {value.shape}")
+        check_finite(name, value)
         self._e._params[name] = self._e.backend.parameter(value, dtype=old.dtype)
 
     def __delitem__(self, name):

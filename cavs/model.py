@@ -91,7 +91,18 @@ def _shape_of(name: str, spec) -> tuple:
     a = np.asarray(spec)
     if a.dtype.kind not in "fiu" or a.ndim == 0:
         raise ValueError(f"parameter {name!r}: give a shape tuple or a numeric array, got {type(spec).__name__}")
+    check_finite(name, a)
     return a.shape
+
+
+def check_finite(name: str, value: np.ndarray) -> None:
+    """A parameter's given values must be finite: a NaN or inf would only surface later, as a
+    NonFiniteError of the first step that blames the learning rate."""
+    bad = ~np.isfinite(value)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"parameter {name!r}: {int(bad.sum())} of its {value.size} values are not finite "
+                         f"(the first, at index {where if len(where) > 1 else where[0]}, is {value[where]})")
 
 
 class Model:

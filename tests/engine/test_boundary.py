@@ -1,7 +1,8 @@
-"""The engine's boundary refuses what would otherwise fail silently: non-finite features, a batch of
-another model, labels outside the head, overflowed logits and diverged steps (NonFiniteError, the
-parameters untouched), float16, heads of fewer than two classes, a backward after another pass;
-and a model without a head (classes=None) is an encoder for forward / backward only."""
+"""The engine's boundary refuses what would otherwise fail silently: non-finite features and parameter
+values, a threads setting that is not a count, a batch of another model, labels outside the head,
+overflowed logits and diverged steps (NonFiniteError, the parameters untouched), float16, heads of
+fewer than two classes, a backward after another pass; and a model without a head (classes=None)
+is an encoder for forward / backward only."""
 from __future__ import annotations
 
 import numpy as np
@@ -52,6 +53,33 @@ def test_non_finite_inputs_to_forward_are_refused_naming_graph_and_vertex():
     x[batch.graph_slices[1].start + 3, 0] = np.inf
     with pytest.raises(ValueError, match=r"inputs: tree b: vertex 3 \(row \d+\) has a non-finite value"):
         engine.forward(batch, inputs=x)
+
+
+def test_non_finite_parameter_values_are_refused_naming_the_parameter(tmp_path):
+    bias = np.zeros(4)
+    bias[2] = np.nan
+    with pytest.raises(ValueError, match=r"parameter 'b': 1 of its 4 values are not finite \(the first, at index 2, is nan\)"):
+        cavs.Model(feature_cell, {"W": (3, 4), "U": (4, 4), "b": bias}, arity=2, state=4, inputs=3, classes=2)
+    engine = cavs.Engine(model(), fusion=False)
+    w = engine.params["Uf"].copy()
+    before = snapshot(engine)
+    w[1, 0] = -np.inf
+    with pytest.raises(ValueError, match=r"parameter 'Uf': 1 of its \d+ values are not finite \(the first, at index \(1, 0\), is -inf\)"):
+        engine.params["Uf"] = w
+    assert_unchanged(engine, before)
+    engine.save(tmp_path / "fine.npz")
+    with np.load(tmp_path / "fine.npz") as f:
+        saved = {k: f[k] for k in f.files}
+    saved["param/Uf"] = w
+    np.savez(tmp_path / "corrupt.npz", **saved)
+    with pytest.raises(ValueError, match=r"corrupt.npz: parameter 'Uf': 1 of its"):
+        cavs.Engine.load(tmp_path / "corrupt.npz", model(), fusion=False)
+
+
+def test_threads_must_be_none_or_a_non_negative_integer():
+    for threads in (-1, 2.5, "2", True):
+        with pytest.raises(ValueError, match=r"threads must be a positive integer \(or None or 0 .*got"):
+            cavs.Engine(model(), fusion=False, threads=threads)
 
 
 @pytest.mark.parametrize("other", [dict(hidden=H + 1), dict(classes=3)], ids=["sizes", "classes"])

@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import environment, launch, machine, results, runner
+from . import arguments, environment, launch, machine, results, runner
 from .profiles import get_profile
 from .registry import get_experiment
 
@@ -254,10 +254,6 @@ def verdict(m: dict, baseline: dict | None, same_kind: bool, code: bool, args):
 
 # ---------------------------------------------------------------- the commands
 
-def _csv(text):
-    return [t.strip() for t in text.split(",") if t.strip()] if text else None
-
-
 def check(args, ours: dict) -> int:
     path, baseline, same_kind = (Path(args.baseline), json.loads(Path(args.baseline).read_text()), True) \
         if args.baseline else find_baseline(args.root, ours)
@@ -270,7 +266,7 @@ def check(args, ours: dict) -> int:
     recorded = machine.label(baseline["kind"]) if baseline.get("kind") else baseline.get("machine", "?")
     print(f"bench-ci: baseline {path} (commit {commit}, recorded on {recorded})")
     print(f"bench-ci: this machine: {machine.label(ours)}; HEAD: {environment.git_revision()}")
-    cells = suite(_csv(args.systems), _csv(args.workloads))
+    cells = suite(args.systems, args.workloads)
     run_dir = Path(args.root) / machine.slug(ours) / "ci" / "run"
     shutil.rmtree(run_dir, ignore_errors=True)          # every check measures anew
     with worktree(commit) as (base, why):
@@ -315,7 +311,7 @@ def update(args, ours: dict) -> int:
               "commit's code is not what was measured", file=sys.stderr)
     run_dir = Path(args.root) / machine.slug(ours) / "ci" / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    m = measure(suite(_csv(args.systems), _csv(args.workloads)), run_dir, None, args.rounds)
+    m = measure(suite(args.systems, args.workloads), run_dir, None, args.rounds)
     for problem in m["problems"]:
         print(f"failed cell: {problem}")
     if not m["head"]:
@@ -345,8 +341,11 @@ def main(argv=None):
     parser.add_argument("--speedup-tolerance", type=float, default=SPEEDUP_TOLERANCE,
                         help=f"allowed drop of a cross-system speedup, same kind only (default {SPEEDUP_TOLERANCE})")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds of the Cavs cells (default 3)")
-    parser.add_argument("--workloads", help="comma-separated subset of the suite's workloads")
-    parser.add_argument("--systems", help="comma-separated subset of the reference systems ('none': Cavs only)")
+    ci = get_experiment("ci")
+    parser.add_argument("--workloads", type=arguments.names(*dict.fromkeys(p.workload for p in ci.panels)),
+                        help="comma-separated subset of the suite's workloads")
+    parser.add_argument("--systems", type=arguments.names("none", *(s for s in ci.systems if s != "cavs")),
+                        help="comma-separated subset of the reference systems ('none': Cavs only)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")

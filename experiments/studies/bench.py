@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import environment, floors, launch
+from .. import arguments, environment, floors, launch
 
 CELL_TIME_LIMIT_S = 1800
 ALL_SYSTEMS = {
@@ -37,22 +37,25 @@ CAVS_VARIANTS = {
     "cavs (streaming)": {"streaming": True},    # the eager and lazy phases on a second thread
     "cavs (no lazy, no eager)": {"lazy": False, "eager": False},
 }
+SYSTEM_LABELS = tuple(dict.fromkeys([*CAVS_VARIANTS, "dynet", "pytorch-levels", "tensorflow",
+                                    *ALL_SYSTEMS["tree_lstm"], *ALL_SYSTEMS["var_lstm"]]))   # --systems
 TABLE = ["workload", "hidden", "system", "threads", "total_s", "construct_s", "compute_s", "floor_s",
          "frontier_bound_s", "cavs_speedup", "over_floor", "over_frontier_bound", "thread_speedup", "cpu_steal",
          "status"]
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--hidden", default="64,256,512", help="Tree-LSTM hidden sizes")
+    ap.add_argument("--hidden", type=arguments.counts, default=[64, 256, 512], help="Tree-LSTM hidden sizes")
     ap.add_argument("--repeats", type=int, default=2, help="timed passes per cell (fastest kept)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the systems")
-    ap.add_argument("--threads", default="1", help="compute threads per cell, e.g. 1,2: every system at each, "
+    ap.add_argument("--threads", type=arguments.counts, default=[1], help="compute threads per cell, e.g. 1,2: every system at each, "
                                                     "in one run (make bench THREADS=2 gives 1,2)")
     ap.add_argument("--variants", default="all", help="'all' or 'default' (Cavs switch variants)")
     ap.add_argument("--all-systems", action="store_true",
                     help="every system instead of the Cavs variants (writes bench-systems.csv)")
-    ap.add_argument("--systems", help="only these systems' cells (comma-separated labels, e.g. cavs,dynet)")
-    ap.add_argument("--workloads", default="tree_lstm,var_lstm", help="tree_lstm and/or var_lstm")
+    ap.add_argument("--systems", type=arguments.names(*SYSTEM_LABELS), help="only these systems' cells (comma-separated labels, e.g. cavs,dynet)")
+    ap.add_argument("--workloads", type=arguments.names("tree_lstm", "var_lstm"), default=["tree_lstm", "var_lstm"],
+                    help="tree_lstm and/or var_lstm")
     ap.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"),
                     help="time one baseline cell with baselines/ of two git revisions ('worktree': this "
                          "tree), interleaved; prints before/after (use with --system, --workload, --h)")
@@ -76,7 +79,7 @@ def systems_of(workload: str, args) -> list[tuple[str, str, dict]]:
         if workload == "var_lstm":
             systems.append(("tensorflow", "tensorflow", {}))
     if args.systems:
-        systems = [s for s in systems if s[0] in args.systems.split(",")]
+        systems = [s for s in systems if s[0] in args.systems]
     return systems
 
 
@@ -120,14 +123,14 @@ def main(results_dir: Path, args) -> int:
     import cavs
     import pandas as pd
 
-    threads = [int(t) for t in str(args.threads).split(",")]
+    threads = args.threads
     # this VM's speed drifts by 10% within a run: the yardsticks are measured in every round and
     # the fastest kept, so that the floor and the bound are the least the machine showed it needs,
     # never inflated by a slow spell (which would flatter every system's ratio to them)
     rates = [floors.matmul_rates()]
     measured = []
-    jobs = [("tree_lstm", int(h), 512) for h in args.hidden.split(",")] + [("var_lstm", 256, 2048)]
-    for workload, hidden, count in [j for j in jobs if j[0] in args.workloads.split(",")]:
+    jobs = [("tree_lstm", h, 512) for h in args.hidden] + [("var_lstm", 256, 2048)]
+    for workload, hidden, count in [j for j in jobs if j[0] in args.workloads]:
         data = cavs.datasets.load_samples(workload, limit=count)
         systems = systems_of(workload, args)
         # rounds interleave the systems, so a slow spell of a shared machine hits all of them;

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import environment, launch, runner
+from .. import arguments, environment, launch, runner
 from ..profiles import (DEFAULT_STARTUP_S, STARTUP_S, estimated_cell_s, get_profile, measured_samples,
                        sample_cost_s)
 
@@ -107,7 +107,7 @@ def estimate_s(entry) -> float:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--only", help="comma-separated cell numbers (see --list), e.g. 1,6,9")
+    parser.add_argument("--only", type=arguments.counts, help="comma-separated cell numbers (see --list), e.g. 1,6,9")
     parser.add_argument("--list", action="store_true", help="print the cells and exit")
     parser.add_argument("--max-error", type=float, default=0.15)
     parser.add_argument("--slice", default="spread", choices=("spread", "first"), help="the slice under test")
@@ -146,7 +146,11 @@ def parse_cells(text: str) -> tuple:
 
 def main(results_dir: Path, args) -> int:
     cells = args.cells or CELLS
-    chosen = [int(x) for x in args.only.split(",")] if args.only else list(range(1, len(cells) + 1))
+    chosen = args.only or list(range(1, len(cells) + 1))
+    beyond = [i for i in chosen if i > len(cells)]
+    if beyond:
+        print(f"--only: no cell {', '.join(map(str, beyond))}; there are {len(cells)} (see --list)", file=sys.stderr)
+        return 2
     if args.list:
         total = 0.0
         for i, c in enumerate(cells, 1):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import launch
+from .. import arguments, launch
 
 WORKLOADS = {"tree_lstm": (512, 512), "tree_fc": (512, 256)}      # workload: (hidden, samples)
 BATCH = 64          # launch.file_order_cell's batch size
@@ -55,17 +55,17 @@ def task_stats(workload: str, hidden: int, count: int, policy: str) -> dict:
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--policies", default="batched,alap,merged")
+    ap.add_argument("--policies", type=arguments.names("batched", "alap", "merged", "serial"), default=["batched", "alap", "merged"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--workloads", type=arguments.names(*WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--hidden", type=int, help="override every workload's hidden size (a smoke run)")
     ap.add_argument("--samples", type=int, help="override every workload's sample count (a smoke run)")
 
 
 def main(results_dir: Path, args) -> int:
     import pandas as pd
-    policies, workloads = args.policies.split(","), args.workloads.split(",")
+    policies, workloads = args.policies, args.workloads
     rows = []
     for workload in workloads:
         hidden, count = WORKLOADS[workload]

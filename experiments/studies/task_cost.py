@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from .. import environment, launch
+from .. import arguments, environment, launch
 
 KINDS = ("forward", "input_grad", "weight_grad")   # out = x W;  dx = dy W^T;  dW += x^T dy
 FIELDS = ["hidden", "passes", "epoch_s", "construct_s", "compute_s", "prebuilt_epoch_s", "timed_compute_s", "gemm_s", "gemm_calls",
@@ -115,7 +115,7 @@ def measure(hidden: int, passes: int, count: int = 512) -> dict:
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--hidden", default="64,256,512")
+    ap.add_argument("--hidden", type=arguments.counts, default=[64, 256, 512])
     ap.add_argument("--passes", type=int, default=3, help="passes per measurement (fastest kept)")
     ap.add_argument("--samples", type=int, default=512, help="SST training trees (file order)")
 
@@ -124,7 +124,7 @@ def main(results_dir: Path, args) -> int:
     os.environ.update(launch.env(1))      # one thread: the pools started from here on read these
     launch.pin_threads(1)                 # and those already started
     rev = environment.git_revision()
-    rows = [{**measure(int(h), args.passes, args.samples), "git_rev": rev} for h in args.hidden.split(",")]
+    rows = [{**measure(h, args.passes, args.samples), "git_rev": rev} for h in args.hidden]
     out = launch.write_rows(results_dir / "task_cost.csv", rows, FIELDS)
     print(f"{'h':>4} {'epoch s':>8} {'prebuilt':>8} {'construct':>9} {'compute':>8} {'gemm':>7} {'calls':>6} {'other':>7} {'tasks':>6} "
           f"{'launches':>8} {'per task':>8} {'us/task':>8} {'us/launch':>9}")

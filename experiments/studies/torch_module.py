@@ -30,7 +30,7 @@ import json
 import time
 from pathlib import Path
 
-from .. import environment, launch
+from .. import arguments, environment, launch
 
 CELLS = ("engine", "module")
 LR = 0.1
@@ -38,13 +38,9 @@ FIELDS = ["cell", "hidden", "trees", "batch_size", "batches", "passes", "rounds"
           "module_over_engine", "first_loss", "last_loss", "blas", "ftz", "status", "git_rev"]
 
 
-def _hiddens(text: str) -> list[int]:
-    return [int(h) for h in text.split(",") if h]
-
-
 def add_arguments(ap) -> None:
     ap.add_argument("--trees", type=int, default=512, help="SST training trees, file order (default 512)")
-    ap.add_argument("--hidden", type=_hiddens, default=[64, 256, 512], help="comma-separated h (default 64,256,512)")
+    ap.add_argument("--hidden", type=arguments.counts, default=[64, 256, 512], help="comma-separated h (default 64,256,512)")
     ap.add_argument("--batch-size", type=int, default=64, help="trees per step (default 64)")
     ap.add_argument("--passes", type=int, default=2, help="timed passes per cell process (fastest kept)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the cells (fastest kept)")

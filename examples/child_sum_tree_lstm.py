@@ -38,14 +38,24 @@ def model(hidden: int, embed: int, vocab: int, classes: int = 5) -> cavs.Model:
                       state=2 * H, embedding=(vocab, E), classes=classes)
 
 
+def positive(text: str) -> int:
+    """argparse type: a count of at least 1 (a bad one is named, not a traceback later)."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
+    return n
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trees", type=int, default=512, help="n-ary SST training trees")
-    ap.add_argument("--batch-size", type=int, default=64, help="trees per step")
-    ap.add_argument("--hidden", type=int, default=64, help="h")
-    ap.add_argument("--embed", type=int, default=64, help="embedding width")
-    ap.add_argument("--epochs", type=int, default=2, help="passes over the trees")
+    ap.add_argument("--trees", type=positive, default=512, help="n-ary SST training trees")
+    ap.add_argument("--batch-size", type=positive, default=64, help="trees per step")
+    ap.add_argument("--hidden", type=positive, default=64, help="h")
+    ap.add_argument("--embed", type=positive, default=64, help="embedding width")
+    ap.add_argument("--epochs", type=positive, default=2, help="passes over the trees")
     args = ap.parse_args(argv)
+    if args.trees < args.batch_size:              # the last partial batch is dropped (WORKLOADS.md)
+        ap.error(f"--trees {args.trees} is fewer than one batch of --batch-size {args.batch_size}")
 
     trees = cavs.datasets.sst_nary_trees("train", limit=args.trees)     # SST merged into n-ary trees
     vocab = len(cavs.datasets.sst_vocab()) + 1

@@ -55,17 +55,27 @@ def accuracy(engine, batch, graphs) -> float:
     return float(np.mean(np.concatenate([p.argmax(axis=1) == g.labels for p, g in zip(probs, graphs)])))
 
 
+def positive(text: str) -> int:
+    """argparse type: a count of at least 1 (a bad one is named, not a traceback later)."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
+    return n
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--graphs", type=int, default=256)
-    ap.add_argument("--vertices", type=int, default=12)
-    ap.add_argument("--features", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=16)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--graphs", type=positive, default=256)
+    ap.add_argument("--vertices", type=positive, default=12)
+    ap.add_argument("--features", type=positive, default=4)
+    ap.add_argument("--hidden", type=positive, default=16)
+    ap.add_argument("--batch-size", type=positive, default=32)
+    ap.add_argument("--epochs", type=positive, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fusion", type=int, default=1, help="0: no generated kernels (no compile time)")
     args = ap.parse_args(argv)
+    if args.vertices < 2:                          # each DAG has 2 to --vertices vertices
+        ap.error(f"--vertices must be at least 2, got {args.vertices}")
 
     rng = np.random.default_rng(args.seed)
     graphs = [random_dag(rng, int(rng.integers(2, args.vertices + 1)), args.features, f"dag {i}")

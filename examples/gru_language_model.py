@@ -41,16 +41,26 @@ def sentence_graph(words, name: str) -> cavs.Graph:
                                     tokens=list(words[:-1]), labels=list(words[1:]), name=name)
 
 
+def positive(text: str) -> int:
+    """argparse type: a count of at least 1 (a bad one is named, not a traceback later)."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
+    return n
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sentences", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--embed", type=int, default=32)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--max-length", type=int, default=20, help="longer sentences are cut (a short run)")
+    ap.add_argument("--sentences", type=positive, default=128)
+    ap.add_argument("--batch-size", type=positive, default=32)
+    ap.add_argument("--hidden", type=positive, default=64)
+    ap.add_argument("--embed", type=positive, default=32)
+    ap.add_argument("--epochs", type=positive, default=3)
+    ap.add_argument("--max-length", type=positive, default=20, help="longer sentences are cut (a short run)")
     ap.add_argument("--fusion", type=int, default=1, help="0: no generated kernels (no compile time)")
     args = ap.parse_args(argv)
+    if args.max_length < 2:                        # a sentence of n words predicts n - 1 of them
+        ap.error(f"--max-length must be at least 2 (one word to read, one to predict), got {args.max_length}")
 
     sentences = cavs.datasets.load_samples("var_lstm", "train", limit=args.sentences)
     vocab = len(cavs.datasets.ptb_vocab())

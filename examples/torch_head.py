@@ -133,17 +133,25 @@ def sst(args) -> list[float]:
     return losses
 
 
+def positive(text: str) -> int:
+    """argparse type: a count of at least 1 (a bad one is named, not a traceback later)."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
+    return n
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("regression", "sst", "both"), default="both")
-    ap.add_argument("--trees", type=int, default=1000, help="random trees of the regression")
-    ap.add_argument("--max-vertices", type=int, default=20, help="largest random tree")
-    ap.add_argument("--sst-trees", type=int, default=3000, help="SST training trees")
-    ap.add_argument("--dev-trees", type=int, default=200, help="SST dev trees")
-    ap.add_argument("--batch-size", type=int, default=25, help="trees per step")
-    ap.add_argument("--hidden", type=int, default=64, help="h")
-    ap.add_argument("--embed", type=int, default=64, help="embedding width")
-    ap.add_argument("--epochs", type=int, default=8, help="passes over the trees")
+    ap.add_argument("--trees", type=positive, default=1000, help="random trees of the regression")
+    ap.add_argument("--max-vertices", type=positive, default=20, help="largest random tree")
+    ap.add_argument("--sst-trees", type=positive, default=3000, help="SST training trees")
+    ap.add_argument("--dev-trees", type=positive, default=200, help="SST dev trees")
+    ap.add_argument("--batch-size", type=positive, default=25, help="trees per step")
+    ap.add_argument("--hidden", type=positive, default=64, help="h")
+    ap.add_argument("--embed", type=positive, default=64, help="embedding width")
+    ap.add_argument("--epochs", type=positive, default=8, help="passes over the trees")
     ap.add_argument("--lr", type=float, default=0.01, help="the regression's Adam learning rate")
     args = ap.parse_args(argv)
     torch.manual_seed(0)

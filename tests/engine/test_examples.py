@@ -65,3 +65,19 @@ def test_torch_head(capsys):
     for part in ("regression", "sst"):
         assert np.isfinite(losses[part]).all() and losses[part][-1] < losses[part][0], (part, losses[part])
     assert "dev root accuracy (fine-grained, 10 trees)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, argv, said", [
+    ("child_sum_tree_lstm", ["--trees", "0"], "argument --trees: 0 is not at least 1"),
+    ("child_sum_tree_lstm", ["--trees", "8"], "--trees 8 is fewer than one batch of --batch-size 64"),
+    ("child_attention", ["--batch-size", "-2"], "argument --batch-size: -2 is not at least 1"),
+    ("dag", ["--vertices", "1"], "--vertices must be at least 2"),
+    ("gru_language_model", ["--max-length", "1"], "--max-length must be at least 2"),
+    ("gru_language_model", ["--sentences", "x"], "argument --sentences: invalid positive value: 'x'"),
+    ("torch_head", ["--epochs", "0"], "argument --epochs: 0 is not at least 1"),
+])
+def test_examples_name_a_bad_option(name, argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_example(name, argv)
+    assert e.value.code == 2
+    assert said in capsys.readouterr().err

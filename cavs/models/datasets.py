@@ -25,18 +25,35 @@ TREE_FC_CLASSES = 5
 TREE_FC_EPOCH = 8192
 
 
-def _open_text(path: Path):
+def _open_bytes(path: Path) -> tuple:
+    """(binary file, the name it is read under): `path`, or its .gz beside it."""
     if path.exists():
-        return open(path, encoding="utf-8")
+        return open(path, "rb"), path.name
     gz = path.with_name(path.name + ".gz")
     if gz.exists():
-        return gzip.open(gz, "rt", encoding="utf-8")
+        return gzip.open(gz, "rb"), gz.name
     raise FileNotFoundError(f"data file {path} (or {gz.name}) not found; the project ships it in data/")
 
 
 def _lines(path: Path) -> list[SourceLine]:
-    with _open_text(path) as f:
-        return [SourceLine(line.rstrip("\n"), f"{path.name}:{i + 1}") for i, line in enumerate(f)]
+    """The file's lines, each knowing its file and line. A byte that is not UTF-8, or a truncated
+    .gz, is an InputError naming the file (and the line)."""
+    f, name = _open_bytes(path)
+    with f:
+        try:
+            data = f.read()
+        except (EOFError, OSError) as e:        # a truncated or corrupt .gz
+            raise InputError(f"{name}: unreadable ({e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line, line_start = data.count(b"\n", 0, e.start) + 1, data.rfind(b"\n", 0, e.start) + 1
+        raise InputError(f"{name}, line {line}: not UTF-8 text (byte "
+                         f"{e.start - line_start + 1} of the line is {data[e.start]:#04x})") from None
+    lines = text.split("\n")
+    if lines and not lines[-1]:
+        lines.pop()                             # the newline that ends the file
+    return [SourceLine(line.rstrip("\r"), f"{path.name}:{i + 1}") for i, line in enumerate(lines)]
 
 
 # ---------------------------------------------------------------- SST

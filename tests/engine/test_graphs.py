@@ -1,7 +1,8 @@
 """Input graphs and their readers (cavs/graphs.py, cavs/readers.py): the compiled batch reader gives
 exactly the line-by-line reader's graphs; every malformed line gets the line-by-line reader's error,
 naming the line; bad graphs (cycles, dangling or too many children, tokens, labels and features out
-of range or of the wrong kind) raise InputError naming the sample and the vertex."""
+of range or of the wrong kind) raise InputError naming the sample and the vertex; a data file that
+is not UTF-8 or is truncated is named."""
 import re
 
 import numpy as np
@@ -94,6 +95,23 @@ def test_malformed_tree_names_the_line(line, message):
     sample = cavs.readers.SourceLine(line, "train.txt:42")
     with pytest.raises(cavs.InputError, match=f"train.txt:42.*{re.escape(message)}"):
         model.make_batch([sample])
+
+
+def test_a_data_file_that_is_not_utf8_or_is_truncated_is_named(tmp_path):
+    """The data sets' files (cavs/models/datasets.py): each line knows its file and line; a byte that
+    is not UTF-8 names the line, a truncated .gz its file, never a bare UnicodeDecodeError or EOFError."""
+    import gzip
+    from cavs.models import datasets
+    (tmp_path / "ok.txt").write_bytes(b"a b\r\nc\n")
+    assert [(line, line.origin) for line in datasets._lines(tmp_path / "ok.txt")] == \
+        [("a b", "ok.txt:1"), ("c", "ok.txt:2")]
+    (tmp_path / "bad.txt").write_bytes(b"a b\nc d\nfine \xff\xfe\n")
+    with pytest.raises(InputError, match=r"bad.txt, line 3: not UTF-8 text \(byte 6 of the line is 0xff\)"):
+        datasets._lines(tmp_path / "bad.txt")
+    words = " ".join(str(i) for i in range(20000)).encode()
+    (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(words)[:2000])
+    with pytest.raises(InputError, match=r"cut.txt.gz: unreadable \(Compressed file ended"):
+        datasets._lines(tmp_path / "cut.txt")
 
 
 def test_errors_name_sample_and_vertex():

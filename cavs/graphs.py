@@ -291,6 +291,12 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
     if not graphs:
         raise InputError("empty batch: no samples were given")
     for g in graphs:
+        for what in ("children", "tokens", "labels"):       # Graph(...) itself converts nothing
+            a = getattr(g, what)
+            if not isinstance(a, np.ndarray) or a.dtype.kind not in "iu":
+                got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+                raise InputError(f"{g.name}: {what} must be an integer NumPy array, got {got} (Graph.from_children "
+                                 "and Graph.from_parents convert and check lists)")
         n = g.num_vertices
         if n == 0:
             raise InputError(f"{g.name}: empty graph (no vertices)")

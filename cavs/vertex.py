@@ -186,7 +186,15 @@ class Symbol:
     def __getitem__(self, item):
         if not isinstance(item, slice) or item.step not in (None, 1):
             raise TraceError(f"{_user_line()} (slice): only contiguous slices like s[a:b] are supported")
-        start, stop, _ = item.indices(self.width)
+        w, shown = self.width, f"[{'' if item.start is None else item.start}:{'' if item.stop is None else item.stop}]"
+        for bound in (item.start, item.stop):
+            if bound is not None and (not isinstance(bound, (int, np.integer)) or isinstance(bound, bool)):
+                raise TraceError(f"{_user_line()} (slice): {shown}: the bounds must be whole numbers")
+            if bound is not None and not -w <= bound <= w:     # NumPy would clip it in silence
+                raise TraceError(f"{_user_line()} (slice): {shown} reaches past the value's width {w}")
+        start, stop, _ = item.indices(w)
+        if stop <= start:
+            raise TraceError(f"{_user_line()} (slice): {shown} of a value of width {w} is empty")
         return self._op("slice", (self.node,), start=start, stop=stop)
 
     def split(self, parts: int):
@@ -531,6 +539,8 @@ def dropout(h: Symbol, rate: float) -> Symbol:
 
 
 def concat(*parts: Symbol) -> Symbol:
+    if not parts:
+        raise TraceError(f"{_user_line()} (concat): concat() needs at least one value")
     s = _first_symbol(parts, "concat")
     return s._op("concat", tuple(s._t.lift(p, "concat") for p in parts))
 

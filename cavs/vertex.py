@@ -516,6 +516,11 @@ def feature_mean(h: Symbol) -> Symbol:
 def layer_norm(h: Symbol, gain: Param | None = None, bias: Param | None = None, eps: float = 1e-5) -> Symbol:
     """(h - mean) / sqrt(var + eps) over the feature axis, then * gain + bias (parameters of the
     width of h, each optional)."""
+    s = _first_symbol([h], "layer_norm")
+    for what, param in (("gain", gain), ("bias", bias)):
+        if isinstance(param, Param) and tuple(param.shape) != (s.width,):
+            raise TraceError(f"{_user_line()} (layer_norm): {what} must be a parameter of the value's width "
+                             f"{s.width}; p.{param.node.attrs['name']} has shape {tuple(param.shape)}")
     centred = h - feature_mean(h)
     y = centred * (feature_mean(centred * centred) + eps) ** -0.5
     if gain is not None:

@@ -46,20 +46,22 @@ def test_trace_errors_name_the_line_and_op():
         _model_with(unknown_param)
 
 
-def test_slices_stay_inside_the_value_and_concat_needs_a_value():
+def test_slices_stay_inside_the_value_concat_needs_a_value_and_layer_norm_a_gain_of_its_width():
     """NumPy clips h[0:20] of a width-8 row to h[0:8] in silence; a vertex function that writes it
     almost certainly meant something else. Negative bounds count from the end, as in Python."""
     def cell_with(piece):
         def cell(v, p):
             h = v.gather(0)
-            v.scatter(piece(h))
+            v.scatter(piece(h, p))
             v.push(h)
         return cell
-    _model_with(cell_with(lambda h: concat(h[-2:], h[:2])))
-    for piece, message in ((lambda h: concat(h[0:8]), r"\(slice\): \[0:8\] reaches past the value's width 4"),
-                           (lambda h: concat(h[3:1], h), r"\(slice\): \[3:1\] of a value of width 4 is empty"),
-                           (lambda h: h[0:2.0], r"\(slice\): \[0:2.0\]: the bounds must be whole numbers"),
-                           (lambda h: concat(), r"\(concat\): concat\(\) needs at least one value")):
+    _model_with(cell_with(lambda h, p: concat(h[-2:], h[:2])))
+    for piece, message in ((lambda h, p: concat(h[0:8]), r"\(slice\): \[0:8\] reaches past the value's width 4"),
+                           (lambda h, p: concat(h[3:1], h), r"\(slice\): \[3:1\] of a value of width 4 is empty"),
+                           (lambda h, p: h[0:2.0], r"\(slice\): \[0:2.0\]: the bounds must be whole numbers"),
+                           (lambda h, p: concat(), r"\(concat\): concat\(\) needs at least one value"),
+                           (lambda h, p: cavs.layer_norm(h, bias=p.W), r"\(layer_norm\): bias must be a parameter of "
+                                                                     r"the value's width 4; p.W has shape \(8, 4\)")):
         with pytest.raises(cavs.TraceError, match=r"test_trace.py:\d+ " + message):
             _model_with(cell_with(piece))
 

@@ -402,6 +402,10 @@ class Engine:
             values = values.detach()
             values = values.numpy() if self.backend.name == "numpy" and values.device.type == "cpu" \
                 else self.xp.from_dlpack(values)
+        kind = getattr(getattr(values, "dtype", None), "kind", None) or np.asarray(values).dtype.kind
+        if kind not in "biuf":                   # None in an object array would become NaN, a str fail in NumPy
+            raise ValueError(f"{what} must be a numeric array, got {type(values).__name__} of dtype "
+                             f"{getattr(values, 'dtype', np.asarray(values).dtype)}")
         values = self.backend.asarray(values, dtype=self.dtype) if self.backend.name != "numpy" \
             else np.asarray(values, dtype=self.dtype)
         forest = (batch or self._forwarded).forest

@@ -55,6 +55,18 @@ def test_non_finite_inputs_to_forward_are_refused_naming_graph_and_vertex():
         engine.forward(batch, inputs=x)
 
 
+def test_inputs_and_output_gradients_that_are_not_numbers_are_refused_naming_them():
+    enc = model(classes=None)
+    engine = cavs.Engine(enc, fusion=False)
+    batch = enc.make_batch(unlabelled(nary_trees()[1:3]))
+    with pytest.raises(ValueError, match=r"inputs must be a numeric array, got ndarray of dtype object"):
+        engine.forward(batch, inputs=np.full((batch.num_vertices, E), None))   # not "a non-finite value"
+    out = engine.forward(batch)
+    with pytest.raises(ValueError, match=r"d_out must be a numeric array, got str"):
+        engine.backward("zeros")
+    engine.backward(np.zeros_like(out))
+
+
 def test_non_finite_parameter_values_are_refused_naming_the_parameter(tmp_path):
     bias = np.zeros(4)
     bias[2] = np.nan

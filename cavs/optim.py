@@ -22,8 +22,14 @@ saved and loaded with the engine (`state_dict`).
 from __future__ import annotations
 
 import math
+import numbers
 
 CLIP_EPS = 1e-6        # torch.nn.utils.clip_grad_norm_'s
+
+
+def _finite_number(x) -> bool:
+    """A real, finite number (not a bool, a str or NaN), as every hyperparameter must be."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class Optimizer:
@@ -32,12 +38,12 @@ class Optimizer:
     extra_args: tuple[str, ...] = ()
 
     def __init__(self, lr: float, weight_decay: float = 0.0, clip_norm: float | None = None):
-        if lr <= 0:
-            raise ValueError(f"lr must be positive, got {lr}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        if clip_norm is not None and clip_norm <= 0:
-            raise ValueError(f"clip_norm must be positive or None, got {clip_norm}")
+        if not _finite_number(lr) or lr <= 0:
+            raise ValueError(f"lr must be a positive number, got {lr!r}")
+        if not _finite_number(weight_decay) or weight_decay < 0:
+            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        if clip_norm is not None and (not _finite_number(clip_norm) or clip_norm <= 0):
+            raise ValueError(f"clip_norm must be a positive number or None, got {clip_norm!r}")
         self.lr, self.weight_decay, self.clip_norm = lr, weight_decay, clip_norm
         self.steps = 0
         self.state: dict[str, dict] = {}     # state name -> {param name: array}
@@ -126,6 +132,8 @@ class Adagrad(Optimizer):
     def __init__(self, lr: float = 0.01, weight_decay: float = 0.0, clip_norm: float | None = None,
                  eps: float = 1e-10):
         super().__init__(lr, weight_decay, clip_norm)
+        if not _finite_number(eps) or eps < 0:
+            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
         self.eps = eps
 
     def _dense(self, xp, name, p, g, coef):
@@ -151,7 +159,12 @@ class Adam(Optimizer):
     def __init__(self, lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, clip_norm: float | None = None):
         super().__init__(lr, weight_decay, clip_norm)
-        self.betas, self.eps = betas, eps
+        if not _finite_number(eps) or eps < 0:
+            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2 or \
+                not all(_finite_number(b) and 0 <= b < 1 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1) (as torch.optim.Adam's), got {betas!r}")
+        self.betas, self.eps = tuple(betas), eps
 
     def _moments(self, xp, g, m, v):
         b1, b2 = self.betas

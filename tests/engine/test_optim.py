@@ -112,3 +112,17 @@ def test_frozen_parameters_stay_out_of_the_clipping_norm(frozen):
         assert loss == pytest.approx(float(ref_loss.detach()), rel=1e-9), f"step {step}"
         for name, p in P.items():
             assert_close(engine.params[name], p.detach().numpy(), 1e-9, f"frozen {frozen} step {step}: {name}")
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda: cavs.optim.SGD(lr="0.1"), r"lr must be a positive number, got '0.1'"),
+    (lambda: cavs.optim.SGD(lr=float("nan")), r"lr must be a positive number, got nan"),
+    (lambda: cavs.optim.Adagrad(weight_decay=-1e-4), r"weight_decay must be a number >= 0"),
+    (lambda: cavs.optim.Adagrad(clip_norm=0), r"clip_norm must be a positive number or None, got 0"),
+    (lambda: cavs.optim.Adagrad(eps=-1.0), r"eps must be a number >= 0"),
+    (lambda: cavs.optim.Adam(betas=(1.0, 0.999)), r"betas must be two numbers in \[0, 1\)"),
+    (lambda: cavs.optim.Adam(betas=0.9), r"betas must be two numbers in \[0, 1\)"),
+])
+def test_hyperparameters_out_of_their_range_are_refused_naming_them(make, said):
+    with pytest.raises(ValueError, match=said):
+        make()

@@ -294,11 +294,6 @@ def matmul_rates(libraries=LIBRARIES) -> dict[str, float]:
     return out
 
 
-def matmul_rate() -> float:
-    """The fastest installed library's rate on the large product (flop/s)."""
-    return max(matmul_rates().values())
-
-
 def fma_peak() -> dict:
     """The core's float32 FMA peak: lanes (from the widest vector ISA, or the pipes' width where
     they are narrower: NARROW_PIPES) x FMA pipes x 2 flops x the clock, and how the clock was
@@ -314,26 +309,6 @@ def _fma_peak(cpu: dict, clock: dict) -> dict:
     return {"isa": isa, "lanes": lanes, "fma_pipes": FMA_PIPES, "clock_ghz": None if hz is None else hz / 1e9,
             "peak_gflops": None if hz is None else lanes * FMA_PIPES * 2 * hz / 1e9,
             "clock_read": f"from a dependent chain of FMAs ({FMA_LATENCY_CYCLES} cycles each)"}
-
-
-def rate_summary(rates: list[float]) -> str:
-    """The rate a study's floors use (the fastest it measured: a slow spell never inflates a floor)."""
-    return (f"single-thread float32 matmul rate: {max(rates) / 1e9:.1f} GFLOP/s (the fastest of {len(rates)} "
-            f"measurements; the slowest: {min(rates) / 1e9:.1f})")
-
-
-def floor_s(macs: float, rate: float) -> float:
-    return 2 * macs / rate
-
-
-def needed_macs(workload: str, hidden: int, samples: list, batch_size: int = 64) -> float:
-    """Training multiply-adds of the products the workload needs (3 x forward)."""
-    return sum(p.flops for p in workload_products(workload, hidden, samples, batch_size)) / 2
-
-
-def child_sum_macs(trees, hidden: int, embed: int, classes: int) -> float:
-    """Training multiply-adds of the child-sum Tree-LSTM's products (3 x forward)."""
-    return sum(p.flops for p in child_sum_products(trees, hidden, embed, classes)) / 2
 
 
 if __name__ == "__main__":

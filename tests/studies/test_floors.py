@@ -15,14 +15,17 @@ def test_frontier_rows_cover_each_vertex_with_children_once(workload):
     assert sum(rows) == sum(int((g.children >= 0).any(axis=1).sum()) for g in graphs)
     assert min(rows) > 0 and len(rows) >= max(int(cavs.graphs.levels(g.children).max()) for g in graphs)
     state_flops = 2 * 2 * sum(rows) * floors.state_in_width(workload, 64) * floors.GATES[workload] * 64
-    assert state_flops < 2 * floors.needed_macs(workload, 64, samples)
+    assert state_flops < sum(p.flops for p in floors.workload_products(workload, 64, samples))
 
 
 def test_nary_floor_counts_each_product_on_the_rows_that_have_its_input():
     """x W at the words, x Wf only where a word meets children (only edges read it), h_sum U at
     the vertices with children, h_k Uf per edge, the head at the labels."""
     import cavs
-    from experiments.floors import child_sum_macs
+    from experiments.floors import child_sum_products
+
+    def child_sum_macs(trees, H, E, C):           # training multiply-adds: 3 x forward
+        return sum(p.flops for p in child_sum_products(trees, H, E, C)) / 2
     g = cavs.Graph.from_children([[], [], [], [0, 1, 2]], tokens=[3, 4, 5, -1], labels=[1, 1, -1, 2])
     H, E, C = 8, 6, 5
     words, inner, edges, labelled = 3, 1, 3, 3

@@ -110,7 +110,6 @@ class Engine:
                 kernels.warm_up(self._low.fused_groups(), self.dtype.name, cached_only=True)
             if self.dtype.name in ("float32", "float64"):
                 loss_warm_up(self.dtype.name)
-        self._masks = {}
 
     # ------------------------------------------------------------ public API
 

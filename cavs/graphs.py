@@ -311,6 +311,11 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
                 got = "none" if f is None else f"shape {f.shape}"
                 raise InputError(f"{g.name}: the model reads {features} features per vertex; "
                                  f"the graph has {got}, expected ({g.num_vertices}, {features})")
+            worded = np.flatnonzero(g.tokens >= 0)
+            if len(worded):                       # they would be ignored in silence: pull() reads the features
+                v = int(worded[0])
+                raise InputError(f"{g.name}: vertex {v} has token {int(g.tokens[v])}, but the model reads "
+                                 f"features (inputs={features}), not an embedding; give tokens -1 (the default)")
             finite = np.isfinite(f).all(axis=1)
             if not finite.all():
                 v = int(np.flatnonzero(~finite)[0])

@@ -184,13 +184,16 @@ def test_features_given_to_a_model_without_inputs_raise_input_error():
         model.make_batch([g])
 
 
-def test_features_of_the_wrong_width_raise_input_error():
+def test_features_of_the_wrong_width_or_beside_tokens_raise_input_error():
     model = cavs.Model(feature_cell, {"W": (3, 4), "U": (4, 4), "b": (4,)}, arity=2, state=4, inputs=3, classes=2)
     g = cavs.Graph.from_children([[], [0]], features=np.zeros((2, 4)), labels=[0, 1], name="wide features")
     with pytest.raises(cavs.InputError, match=r"wide features: .*3 features per vertex.*\(2, 4\)"):
         model.make_batch([g])
     with pytest.raises(cavs.InputError, match="no features"):
         model.make_batch([cavs.Graph.from_children([[], [0]], labels=[0, 1], name="no features")])
+    both = cavs.Graph.from_children([[], [0]], tokens=[-1, 4], features=np.zeros((2, 3)), labels=[0, 1], name="both")
+    with pytest.raises(cavs.InputError, match=r"both: vertex 1 has token 4, but the model reads features \(inputs=3\)"):
+        model.make_batch([both])
 
 
 def test_edge_levels_are_longest_paths_and_minus_one_on_or_above_a_cycle():

@@ -24,7 +24,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .engine import Engine, NonFiniteError
-from .model import EMBEDDING, HEAD
+from .model import HEAD
 
 
 class VertexModule(nn.Module):

@@ -22,7 +22,6 @@ traced value, comparing one, or calling a NumPy function on one.
 """
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import sys

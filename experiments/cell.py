@@ -27,14 +27,12 @@ used by the tests' fake system).
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import importlib
 import json
 import math
 import os
 import resource
-import signal
 import sys
 import time
 import traceback

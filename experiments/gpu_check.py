@@ -31,7 +31,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import math
 import os
 import subprocess
 import sys

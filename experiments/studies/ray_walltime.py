@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .. import executors, machine, results, runner
-from ..profiles import get_profile
-from ..registry import get_experiment
+from .. import arguments, executors, machine, results, runner
+from ..profiles import PROFILES, get_profile
+from ..registry import EXPERIMENTS, get_experiment
 
 
 def statuses(results_dir: Path, experiment: str) -> dict[str, str]:
@@ -25,18 +26,25 @@ def statuses(results_dir: Path, experiment: str) -> dict[str, str]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--experiment", default="fig8")
-    parser.add_argument("--profile", default="quick")
-    parser.add_argument("--systems", default="cavs", help="comma-separated (default: cavs)")
-    parser.add_argument("--panels", help="comma-separated subset of panels (default: all)")
+    parser.add_argument("--experiment", default="fig8", choices=list(EXPERIMENTS))
+    parser.add_argument("--profile", default="quick", choices=list(PROFILES))
+    parser.add_argument("--systems", default=["cavs"], type=arguments.names(*dict.fromkeys(
+        s for e in EXPERIMENTS.values() for s in e.systems)), help="comma-separated (default: cavs)")
+    parser.add_argument("--panels", type=arguments.names(*dict.fromkeys(
+        p.id for e in EXPERIMENTS.values() for p in e.panels)), help="comma-separated subset of panels (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="one-CPU worker nodes of the Ray cluster")
 
 
 def main(results_dir: Path, args) -> int:
     """results_dir is not written: both sweeps measure into temporary directories."""
     exp, profile = get_experiment(args.experiment), get_profile(args.profile)
-    systems = args.systems.split(",") if args.systems else None
-    panels = args.panels.split(",") if args.panels else None
+    systems, panels = args.systems, args.panels
+    for what, wanted, known in (("system", systems, exp.systems), ("panel", panels, [p.id for p in exp.panels])):
+        missing = [w for w in wanted or () if w not in known]
+        if missing:                               # the sweep would run no cell of it
+            print(f"ray_walltime: {exp.name} has no {what} {', '.join(missing)}; it has {', '.join(known)}",
+                  file=sys.stderr)
+            return 2
     ray = executors.import_ray()
     from ray.cluster_utils import Cluster
 
@@ -66,8 +74,8 @@ def main(results_dir: Path, args) -> int:
         same = statuses(local_dir, exp.name) == statuses(ray_dir, exp.name)
 
     cells = sum(v for k, v in local.items() if k != "already measured")
-    what = f"{exp.name} --profile {profile.name}" + (f" --systems {args.systems}" if systems else "") \
-        + (f" --panels {args.panels}" if panels else "")
+    what = f"{exp.name} --profile {profile.name}" + (f" --systems {','.join(systems)}" if systems else "") \
+        + (f" --panels {','.join(panels)}" if panels else "")
     print(f"sweep: {what}, {cells} cells; machine: {machine.label(machine.kind())} "
           f"({platform.node()}, load average {os.getloadavg()[0]:.1f} at the end)")
     print(f"local executor:                       {local_s:7.1f} s   {local}")

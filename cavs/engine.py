@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+import zipfile
 from collections.abc import MutableMapping
 
 import numpy as np
@@ -247,18 +248,24 @@ class Engine:
     def save(self, path) -> None:
         """Parameters, the optimizer (its type and settings) and its state in one .npz file."""
         to_np = self.backend.to_numpy
-        np.savez(path, **{f"param/{k}": to_np(v) for k, v in self._params.items()},
-                 **{f"optim/{k}": v for k, v in self.optimizer.state_dict(to_np).items()},
-                 optimizer=np.array(json.dumps(self.optimizer.config())))
+        with open(path, "wb") as f:      # at `path` itself (np.savez would add .npz to a bare name, and load miss it)
+            np.savez(f, **{f"param/{k}": to_np(v) for k, v in self._params.items()},
+                     **{f"optim/{k}": v for k, v in self.optimizer.state_dict(to_np).items()},
+                     optimizer=np.array(json.dumps(self.optimizer.config())))
 
     @classmethod
     def load(cls, path, model, **engine_options) -> "Engine":
         """An engine for `model` that continues where the saved one stopped: its parameters, and
         its optimizer rebuilt from the saved type and settings with the saved state (pass
         `optimizer=` to use another; its state is then loaded only if it is of the saved type)."""
-        with np.load(path, allow_pickle=False) as f:
-            saved = {k: f[k] for k in f.files}
-        config = json.loads(str(saved.pop("optimizer")))
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                saved = {k: f[k] for k in f.files}
+            config = json.loads(str(saved.pop("optimizer")))
+        except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise ValueError(f"{path}: not a file written by Engine.save ({type(e).__name__}: {e})") from None
         if engine_options.get("optimizer") is None:
             engine_options["optimizer"] = optim.from_config(config)
         engine = cls(model, **engine_options)

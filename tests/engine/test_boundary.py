@@ -88,6 +88,20 @@ def test_non_finite_parameter_values_are_refused_naming_the_parameter(tmp_path):
         cavs.Engine.load(tmp_path / "corrupt.npz", model(), fusion=False)
 
 
+
+def test_save_writes_the_path_it_is_given_and_load_names_a_file_it_did_not_write(tmp_path):
+    engine = cavs.Engine(model(), fusion=False)
+    engine.save(tmp_path / "bare")                 # np.savez alone would write bare.npz, and load("bare") fail
+    assert [p.name for p in tmp_path.iterdir()] == ["bare"]
+    again = cavs.Engine.load(tmp_path / "bare", model(), fusion=False)
+    np.testing.assert_array_equal(again.params["Uf"], engine.params["Uf"])
+    (tmp_path / "text.npz").write_text("not an archive")
+    np.savez(tmp_path / "other.npz", a=np.zeros(3))
+    for name in ("text.npz", "other.npz"):
+        with pytest.raises(ValueError, match=rf"{name}: not a file written by Engine.save"):
+            cavs.Engine.load(tmp_path / name, model(), fusion=False)
+
+
 def test_threads_must_be_none_or_a_non_negative_integer():
     for threads in (-1, 2.5, "2", True):
         with pytest.raises(ValueError, match=r"threads must be a positive integer \(or None or 0 .*got"):

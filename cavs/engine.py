@@ -559,10 +559,17 @@ class ParamView(MutableMapping):
         self._e = engine
 
     def __getitem__(self, name):
-        return self._e.backend.to_numpy(self._e._params[name])
+        return self._e.backend.to_numpy(self._array(name))
+
+    def _array(self, name):
+        try:
+            return self._e._params[name]
+        except KeyError:
+            raise KeyError(f"no parameter {name!r}; {self._e.model.describe()} has "
+                           f"{', '.join(self._e._params)}") from None
 
     def __setitem__(self, name, value):
-        old = self._e._params[name]
+        old = self._array(name)
         value = np.asarray(value)
         if value.shape != tuple(old.shape):
             raise ValueError(f"parameter {name} has shape {tuple(old.shape)}, got {value.shape}")

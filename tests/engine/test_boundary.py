@@ -79,6 +79,9 @@ def test_non_finite_parameter_values_are_refused_naming_the_parameter(tmp_path):
     with pytest.raises(ValueError, match=r"parameter 'Uf': 1 of its \d+ values are not finite \(the first, at index \(1, 0\), is -inf\)"):
         engine.params["Uf"] = w
     assert_unchanged(engine, before)
+    with pytest.raises(KeyError, match=r"no parameter 'Wx'; .* has emb, W, U, b"):
+        engine.params["Wx"] = w
+    assert "Wx" not in engine.params and "Uf" in engine.params
     engine.save(tmp_path / "fine.npz")
     with np.load(tmp_path / "fine.npz") as f:
         saved = {k: f[k] for k in f.files}

@@ -1,6 +1,8 @@
 """Reads an experiment's long-format CSV for plotting: one profile, ok rows scaled to one epoch."""
 from __future__ import annotations
 
+import csv
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -11,8 +13,19 @@ TEXT_COLUMNS = {"git_rev": str, "commit": str}      # a short commit id like 301
 
 
 def read_csv(path) -> pd.DataFrame:
-    """A results CSV with its commit columns kept as text."""
-    return pd.read_csv(path, dtype=TEXT_COLUMNS)
+    """A results CSV with its commit columns kept as text. A line with another number of fields
+    than the header (a hand edit, a write cut short) is left out with a warning that names the
+    file and the line: one bad line must not take the file's other rows with it (it made the
+    newest row's profile NaN, and a whole figure "no rows")."""
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        bad = [reader.line_num for fields in reader if fields and len(fields) != len(header)]
+    if bad:
+        warnings.warn(f"{path}: line{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad[:10]))}"
+                      f"{' ...' if len(bad) > 10 else ''} do{'' if len(bad) > 1 else 'es'} not have the "
+                      f"header's {len(header)} fields; left out", stacklevel=2)
+    return pd.read_csv(path, dtype=TEXT_COLUMNS, skiprows=[n - 1 for n in bad])
 
 
 def load(results_dir, experiment: str, profile: str | None = None):

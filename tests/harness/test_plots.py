@@ -91,6 +91,20 @@ def test_a_commit_id_that_reads_as_a_number_stays_text(tmp_path):
     assert "git 3010e33," in (tmp_path / "figures" / "sst.md").read_text()
 
 
+def test_a_line_without_the_headers_fields_is_left_out_naming_it_and_the_rest_is_kept(tmp_path):
+    """One bad line (a hand edit, a write cut short) used to make the newest row's profile NaN, and
+    the whole figure 'no rows of profile nan'."""
+    from plots import load
+    synthetic_csv(tmp_path, "fig8")
+    path = results.csv_path(tmp_path, "fig8")
+    good_rows = len(results.read_rows(path))
+    with open(path, "a") as f:
+        f.write("garbage,line\n")
+    with pytest.warns(UserWarning, match=rf"fig8.csv: line {good_rows + 2} does not have the header's \d+ fields"):
+        ok, failed, profile = load.load(tmp_path, "fig8")
+    assert len(ok) + len(failed) == good_rows and profile == "cpu"
+
+
 def test_claims_say_where_their_cells_ran(tmp_path):
     """The claims table names the device and threads of its own rows: a gpu-check directory's claims
     are not labelled 'CPU, 1 thread', nor told that GPU ratios are not expected there."""

@@ -16,7 +16,8 @@ TensorFlow is measured and printed. Such ratios depend on the CPU as much as on 
 kernels fit each CPU differently), so they are checked only against a baseline recorded on the same
 machine kind (experiments/machine.py, CPU generation included); otherwise they are reported as "no
 baseline for this kind". Baselines live at results/<kind>/ci/baseline.json, one per kind; the check
-takes this kind's, else the newest of any kind (for its commit).
+takes this kind's, else the newest of any kind (for its commit). This kind's baseline that cannot be
+read, or names no commit, fails the check: skipping it would turn the check off.
 
 If the baseline's commit cannot be checked out (a shallow clone, say), the code check is skipped with
 the reason; the speedups are then checked only against a baseline of this kind, and otherwise reported
@@ -61,9 +62,11 @@ def find_baseline(root, ours: dict) -> tuple[Path | None, dict | None, bool]:
     found = []
     for path in sorted(Path(root).glob(f"*/{BASELINE}")):
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            print(f"bench-ci: {path} is not readable JSON; ignored", file=sys.stderr)
+            data = read_baseline(path)
+        except ValueError as e:
+            if path == baseline_path(root, ours):    # this kind's own: ignoring it would turn the check off
+                raise
+            print(f"bench-ci: {e}; ignored (another kind's)", file=sys.stderr)
             continue
         same = bool(data.get("kind")) and not machine.differences(data["kind"], ours)
         found.append((same, data.get("date", ""), path, data))
@@ -71,6 +74,17 @@ def find_baseline(root, ours: dict) -> tuple[Path | None, dict | None, bool]:
         return None, None, False
     same, _, path, data = max(found, key=lambda f: (f[0], f[1]))
     return path, data, same
+
+
+def read_baseline(path: Path) -> dict:
+    """A baseline file's contents; ValueError naming the file when it cannot be one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not readable JSON ({e})") from None
+    if not isinstance(data, dict) or not baseline_commit(data):
+        raise ValueError(f"{path} records no commit, so HEAD's engine has nothing to be compared with")
+    return data
 
 
 def baseline_commit(data: dict) -> str | None:
@@ -255,8 +269,12 @@ def verdict(m: dict, baseline: dict | None, same_kind: bool, code: bool, args):
 # ---------------------------------------------------------------- the commands
 
 def check(args, ours: dict) -> int:
-    path, baseline, same_kind = (Path(args.baseline), json.loads(Path(args.baseline).read_text()), True) \
-        if args.baseline else find_baseline(args.root, ours)
+    try:
+        path, baseline, same_kind = (Path(args.baseline), read_baseline(args.baseline), True) \
+            if args.baseline else find_baseline(args.root, ours)
+    except ValueError as e:
+        print(f"bench-ci: {e}; record it again with `make bench-ci-update`")
+        return 1
     if args.baseline:
         same_kind = bool(baseline.get("kind")) and not machine.differences(baseline["kind"], ours)
     if baseline is None:

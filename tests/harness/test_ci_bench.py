@@ -99,7 +99,19 @@ def test_the_baseline_of_this_kind_wins_else_the_newest(tmp_path):
     assert path == mine and same and ci_bench.baseline_commit(data) == "abc"
     (tmp_path / "broken" / "ci").mkdir(parents=True)
     (tmp_path / "broken" / ci_bench.BASELINE).write_text("{not json")
-    assert ci_bench.find_baseline(tmp_path, ours)[0] == mine          # a corrupt file is skipped
+    assert ci_bench.find_baseline(tmp_path, ours)[0] == mine          # another kind's corrupt file is skipped
+    mine.write_text("{not json")                     # this kind's: skipping it would turn the check off
+    with pytest.raises(ValueError, match=r"baseline.json is not readable JSON"):
+        ci_bench.find_baseline(tmp_path, ours)
+    mine.write_text(json.dumps({"kind": ours, "speedups": {}}))
+    with pytest.raises(ValueError, match=r"baseline.json records no commit"):
+        ci_bench.find_baseline(tmp_path, ours)
+
+
+def test_an_unreadable_baseline_fails_the_check_naming_it(tmp_path, capsys):
+    (tmp_path / "given.json").write_text("{not json")
+    assert ci_bench.main(["check", "--baseline", str(tmp_path / "given.json")]) == 1
+    assert "given.json is not readable JSON" in capsys.readouterr().out
 
 
 def test_a_commit_missing_from_the_clone_is_named():

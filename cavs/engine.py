@@ -262,9 +262,9 @@ class Engine:
             with np.load(path, allow_pickle=False) as f:
                 saved = {k: f[k] for k in f.files}
             config = json.loads(str(saved.pop("optimizer")))
+        except FileNotFoundError:
+            raise
         except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
-            if isinstance(e, FileNotFoundError):
-                raise
             raise ValueError(f"{path}: not a file written by Engine.save ({type(e).__name__}: {e})") from None
         if engine_options.get("optimizer") is None:
             engine_options["optimizer"] = optim.from_config(config)
@@ -408,10 +408,11 @@ class Engine:
             values = values.detach()
             values = values.numpy() if self.backend.name == "numpy" and values.device.type == "cpu" \
                 else self.xp.from_dlpack(values)
-        kind = getattr(getattr(values, "dtype", None), "kind", None) or np.asarray(values).dtype.kind
-        if kind not in "biuf":                   # None in an object array would become NaN, a str fail in NumPy
-            raise ValueError(f"{what} must be a numeric array, got {type(values).__name__} of dtype "
-                             f"{getattr(values, 'dtype', np.asarray(values).dtype)}")
+        given = type(values).__name__
+        if not hasattr(values, "dtype"):        # a list: its dtype is known once it is an array
+            values = np.asarray(values)
+        if values.dtype.kind not in "biuf":     # None in an object array would become NaN, a str fail in NumPy
+            raise ValueError(f"{what} must be a numeric array, got {given} of dtype {values.dtype}")
         values = self.backend.asarray(values, dtype=self.dtype) if self.backend.name != "numpy" \
             else np.asarray(values, dtype=self.dtype)
         forest = (batch or self._forwarded).forest

@@ -6,13 +6,9 @@ import argparse
 import os
 import sys
 
-from . import executors, machine, runner
+from . import arguments, executors, machine, runner
 from .profiles import PROFILES, get_profile
 from .registry import EXPERIMENTS, get_experiment
-
-
-def _csv(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def parse_args(argv):
@@ -24,8 +20,8 @@ def parse_args(argv):
     run.add_argument("experiment", choices=list(EXPERIMENTS))
     run.add_argument("--profile", choices=list(PROFILES),
                      help="how much each cell measures (default: paper where a GPU is present, else cpu)")
-    run.add_argument("--systems", type=_csv, help="comma-separated subset of the experiment's systems")
-    run.add_argument("--panels", type=_csv, help="comma-separated subset of the experiment's panels")
+    run.add_argument("--systems", type=arguments.items, help="comma-separated subset of the experiment's systems")
+    run.add_argument("--panels", type=arguments.items, help="comma-separated subset of the experiment's panels")
     run.add_argument("--results", help="directory of the CSVs (default: results/<this machine's kind>/)")
     run.add_argument("--threads", type=int, default=1, help="compute threads per cell (default 1)")
     run.add_argument("--time-limit", type=float, help="seconds per cell (default: the profile's)")
@@ -62,12 +58,6 @@ def _results_dir(args, executor) -> str:
     return str(path)
 
 
-def _check_subset(parser, what: str, wanted, known):
-    bad = [w for w in wanted or () if w not in known]
-    if bad:
-        parser.error(f"unknown {what} {', '.join(bad)}; this experiment has: {', '.join(known)}")
-
-
 def cmd_list():
     for exp in EXPERIMENTS.values():
         print(f"{exp.name}: {exp.title}")
@@ -81,8 +71,9 @@ def cmd_run(parser, args):
     if args.no_ftz:
         os.environ["CAVS_FTZ"] = "0"      # the cells inherit the runner's environment
     exp = get_experiment(args.experiment)
-    _check_subset(parser, "system", args.systems, exp.systems)
-    _check_subset(parser, "panel", args.panels, [p.id for p in exp.panels])
+    unknown = arguments.not_in_experiment(exp, args.systems, args.panels)
+    if unknown:
+        parser.error(unknown)
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     if args.results and os.path.exists(args.results) and not os.path.isdir(args.results):

@@ -22,14 +22,29 @@ def counts(text: str) -> list[int]:
     return out
 
 
+def items(text: str) -> list[str]:
+    """'a, b,' -> ['a', 'b']."""
+    return [t.strip() for t in str(text).split(",") if t.strip()]
+
+
+def not_in_experiment(exp, systems, panels) -> str | None:
+    """What of `systems` and `panels` the experiment `exp` lacks, as a message (None: nothing):
+    a sweep given one of them would run none of its cells."""
+    for what, wanted, known in (("system", systems, exp.systems), ("panel", panels, [p.id for p in exp.panels])):
+        unknown = [w for w in wanted or () if w not in known]
+        if unknown:
+            return f"unknown {what} {', '.join(unknown)}; this experiment has: {', '.join(known)}"
+    return None
+
+
 def names(*allowed: str):
     """A type for a comma-separated subset of `allowed`, kept in the order given."""
     def parse(text: str) -> list[str]:
-        items = [t.strip() for t in str(text).split(",") if t.strip()]
-        unknown = [t for t in items if t not in allowed]
-        if unknown or not items:
+        picked = items(text)
+        unknown = [t for t in picked if t not in allowed]
+        if unknown or not picked:
             raise argparse.ArgumentTypeError(f"unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
                                              f"choose from {', '.join(allowed)}")
-        return items
+        return picked
     parse.__name__ = "names"
     return parse

@@ -28,10 +28,8 @@ def statuses(results_dir: Path, experiment: str) -> dict[str, str]:
 def add_arguments(parser) -> None:
     parser.add_argument("--experiment", default="fig8", choices=list(EXPERIMENTS))
     parser.add_argument("--profile", default="quick", choices=list(PROFILES))
-    parser.add_argument("--systems", default=["cavs"], type=arguments.names(*dict.fromkeys(
-        s for e in EXPERIMENTS.values() for s in e.systems)), help="comma-separated (default: cavs)")
-    parser.add_argument("--panels", type=arguments.names(*dict.fromkeys(
-        p.id for e in EXPERIMENTS.values() for p in e.panels)), help="comma-separated subset of panels (default: all)")
+    parser.add_argument("--systems", default=["cavs"], type=arguments.items, help="comma-separated (default: cavs)")
+    parser.add_argument("--panels", type=arguments.items, help="comma-separated subset of panels (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="one-CPU worker nodes of the Ray cluster")
 
 
@@ -39,12 +37,10 @@ def main(results_dir: Path, args) -> int:
     """results_dir is not written: both sweeps measure into temporary directories."""
     exp, profile = get_experiment(args.experiment), get_profile(args.profile)
     systems, panels = args.systems, args.panels
-    for what, wanted, known in (("system", systems, exp.systems), ("panel", panels, [p.id for p in exp.panels])):
-        missing = [w for w in wanted or () if w not in known]
-        if missing:                               # the sweep would run no cell of it
-            print(f"ray_walltime: {exp.name} has no {what} {', '.join(missing)}; it has {', '.join(known)}",
-                  file=sys.stderr)
-            return 2
+    unknown = arguments.not_in_experiment(exp, systems, panels)
+    if unknown:
+        print(f"ray_walltime: {exp.name}: {unknown}", file=sys.stderr)
+        return 2
     ray = executors.import_ray()
     from ray.cluster_utils import Cluster
 

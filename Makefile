@@ -56,8 +56,8 @@ sst: $(STAMP)
 THREADS     ?= 1
 comma       := ,
 bench: $(STAMP)
-	@dir=$(RESULTS_DIR) && echo "results in $$dir" && $(PY) -m experiments.native_check --results $$dir && \
-		CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies bench --results $$dir \
+	@dir=$(RESULTS_DIR) && echo "results in $$dir" && \
+		CAVS_FTZ=$(FTZ) $(PY) -m experiments.studies bench --native-check --results $$dir \
 		$(if $(filter-out 1,$(THREADS)),--threads 1$(comma)$(THREADS))
 
 # the child-sum Tree-LSTM on n-ary trees, on edges and on child slots, against DyNet and the floor: nary.csv

@@ -23,9 +23,9 @@ def parse_args(argv):
     run.add_argument("--systems", type=arguments.items, help="comma-separated subset of the experiment's systems")
     run.add_argument("--panels", type=arguments.items, help="comma-separated subset of the experiment's panels")
     run.add_argument("--results", help="directory of the CSVs (default: results/<this machine's kind>/)")
-    run.add_argument("--threads", type=int, default=1, help="compute threads per cell (default 1)")
-    run.add_argument("--time-limit", type=float, help="seconds per cell (default: the profile's)")
-    run.add_argument("--budget-min", type=float,
+    run.add_argument("--threads", type=arguments.count, default=1, help="compute threads per cell (default 1)")
+    run.add_argument("--time-limit", type=arguments.positive, help="seconds per cell (default: the profile's)")
+    run.add_argument("--budget-min", type=arguments.at_least_zero,
                      help="start no cell past this many minutes, 0 = no limit (default: the profile's)")
     run.add_argument("--retry-failed", action="store_true", help="rerun cells recorded as failed or timed out")
     run.add_argument("--dry-run", action="store_true", help="print the cells and an estimated duration only")

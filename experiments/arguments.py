@@ -4,19 +4,49 @@ study's main() or an option that silently selects nothing."""
 from __future__ import annotations
 
 import argparse
+import math
+
+
+def count(text: str) -> int:
+    """'3' -> 3: a whole number of at least 1 (rounds, passes, trees, a hidden size, seconds)."""
+    try:
+        n = int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return n
+
+
+def _number(text: str) -> float:
+    try:
+        x = float(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return x
+
+
+def positive(text: str) -> float:
+    """'1.5' -> 1.5: a finite number above 0 (a time limit in seconds)."""
+    x = _number(text)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return x
+
+
+def at_least_zero(text: str) -> float:
+    """'0' -> 0.0: a finite number of at least 0 (a budget where 0 means none)."""
+    x = _number(text)
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
+    return x
 
 
 def counts(text: str) -> list[int]:
     """'1,2' -> [1, 2]: whole numbers of at least 1 (thread counts, hidden sizes, cell numbers)."""
-    out = []
-    for item in filter(None, (t.strip() for t in str(text).split(","))):
-        try:
-            n = int(item)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r} is not a whole number") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{item!r} must be at least 1")
-        out.append(n)
+    out = [count(item) for item in filter(None, (t.strip() for t in str(text).split(",")))]
     if not out:
         raise argparse.ArgumentTypeError("give at least one number")
     return out

@@ -354,11 +354,11 @@ def main(argv=None):
     parser.add_argument("command", choices=("check", "update"))
     parser.add_argument("--root", default=machine.ROOT, help="the results root holding <kind>/ci/baseline.json")
     parser.add_argument("--baseline", help="a baseline.json to use instead of the one found under --root")
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE,
+    parser.add_argument("--tolerance", type=arguments.at_least_zero, default=TOLERANCE,
                         help=f"allowed slow-down of HEAD's engine against the baseline commit's (default {TOLERANCE})")
-    parser.add_argument("--speedup-tolerance", type=float, default=SPEEDUP_TOLERANCE,
+    parser.add_argument("--speedup-tolerance", type=arguments.at_least_zero, default=SPEEDUP_TOLERANCE,
                         help=f"allowed drop of a cross-system speedup, same kind only (default {SPEEDUP_TOLERANCE})")
-    parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds of the Cavs cells (default 3)")
+    parser.add_argument("--rounds", type=arguments.count, default=ROUNDS, help="interleaved rounds of the Cavs cells (default 3)")
     ci = get_experiment("ci")
     parser.add_argument("--workloads", type=arguments.names(*dict.fromkeys(p.workload for p in ci.panels)),
                         help="comma-separated subset of the suite's workloads")

@@ -39,7 +39,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from . import executors, launch, machine
+from . import arguments, executors, launch, machine
 from .profiles import GPU_FIRST_COMPILE_S, GPU_VARIANT_COMPILE_S, GPU_WARM_COMPILE_S, get_profile, gpu_compile_s
 from .registry import BATCH_SIZES, HIDDENS, SYSTEM_FACTS, get_experiment
 
@@ -438,7 +438,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ablation-at", type=_pair, help="the ablation's bs,h (default 64,512)")
     parser.add_argument("--systems", type=lambda t: tuple(x for x in t.split(",") if x),
                         help=f"a subset of {','.join(SYSTEMS)}")
-    parser.add_argument("--budget-min", type=float, default=DEVICE_BUDGET_S / 60,
+    parser.add_argument("--budget-min", type=arguments.positive, default=DEVICE_BUDGET_S / 60,
                         help=f"device minutes for the whole command (default {DEVICE_BUDGET_S / 60:.0f})")
     args = parser.parse_args(argv)
     ABLATION_AT = args.ablation_at

@@ -46,24 +46,27 @@ TABLE = ["workload", "hidden", "system", "threads", "total_s", "construct_s", "c
 
 def add_arguments(ap) -> None:
     ap.add_argument("--hidden", type=arguments.counts, default=[64, 256, 512], help="Tree-LSTM hidden sizes")
-    ap.add_argument("--repeats", type=int, default=2, help="timed passes per cell (fastest kept)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the systems")
+    ap.add_argument("--repeats", type=arguments.count, default=2, help="timed passes per cell (fastest kept)")
+    ap.add_argument("--rounds", type=arguments.count, default=3, help="interleaved rounds over the systems")
     ap.add_argument("--threads", type=arguments.counts, default=[1], help="compute threads per cell, e.g. 1,2: every system at each, "
                                                     "in one run (make bench THREADS=2 gives 1,2)")
-    ap.add_argument("--variants", default="all", help="'all' or 'default' (Cavs switch variants)")
+    ap.add_argument("--variants", default="all", choices=("all", "default"), help="Cavs switch variants: every one or the default only")
     ap.add_argument("--all-systems", action="store_true",
                     help="every system instead of the Cavs variants (writes bench-systems.csv)")
     ap.add_argument("--systems", type=arguments.names(*SYSTEM_LABELS), help="only these systems' cells (comma-separated labels, e.g. cavs,dynet)")
     ap.add_argument("--workloads", type=arguments.names("tree_lstm", "var_lstm"), default=["tree_lstm", "var_lstm"],
                     help="tree_lstm and/or var_lstm")
+    ap.add_argument("--native-check", action="store_true",
+                    help="first run experiments.native_check (native against Haswell OpenBLAS kernels) and stop "
+                         "if the engine's numbers differ; make bench does")
     ap.add_argument("--compare", nargs=2, metavar=("REV_A", "REV_B"),
                     help="time one baseline cell with baselines/ of two git revisions ('worktree': this "
                          "tree), interleaved; prints before/after (use with --system, --workload, --h)")
     ap.add_argument("--system", default="dynet", help="--compare: the system")
     ap.add_argument("--workload", default="tree_lstm", help="--compare: the workload")
-    ap.add_argument("--h", type=int, default=64, help="--compare: the hidden size")
-    ap.add_argument("--samples", type=int, default=512, help="--compare: samples timed (file order, bs 64)")
-    ap.add_argument("--leaves", type=int, default=256, help="--compare: Tree-FC leaves")
+    ap.add_argument("--h", type=arguments.count, default=64, help="--compare: the hidden size")
+    ap.add_argument("--samples", type=arguments.count, default=512, help="--compare: samples timed (file order, bs 64)")
+    ap.add_argument("--leaves", type=arguments.count, default=256, help="--compare: Tree-FC leaves")
     ap.add_argument("--options", default="{}", help="--compare: constructor options (JSON)")
 
 
@@ -120,6 +123,12 @@ def yardsticks(workload: str, hidden: int, data, threads: int = 1) -> dict:
 def main(results_dir: Path, args) -> int:
     if args.compare:
         return compare(results_dir, args)
+    if args.native_check:     # after the arguments are read: a typo fails at once, not after the check
+        from .. import native_check
+        checked = native_check.check(results_dir)
+        print(native_check.describe(checked), flush=True)
+        if not checked.get("equal"):
+            return 1
     import cavs
     import pandas as pd
 

@@ -109,7 +109,7 @@ def estimate_s(entry) -> float:
 def add_arguments(parser) -> None:
     parser.add_argument("--only", type=arguments.counts, help="comma-separated cell numbers (see --list), e.g. 1,6,9")
     parser.add_argument("--list", action="store_true", help="print the cells and exit")
-    parser.add_argument("--max-error", type=float, default=0.15)
+    parser.add_argument("--max-error", type=arguments.at_least_zero, default=0.15)
     parser.add_argument("--slice", default="spread", choices=("spread", "first"), help="the slice under test")
     parser.add_argument("--warmup", default="largest", choices=("largest", "last"))
     parser.add_argument("--cells", type=parse_cells,

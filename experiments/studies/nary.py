@@ -48,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import environment, floors, launch
+from .. import arguments, environment, floors, launch
 
 CLASSES = 5
 # name -> (system, form (edges / slots), tree set, batches built untimed)
@@ -78,14 +78,14 @@ def cell_names(text: str) -> list[str]:
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--trees", type=int, default=512, help="n-ary SST training trees, file order (default 512)")
-    ap.add_argument("--hidden", type=int, default=256, help="h (default 256)")
-    ap.add_argument("--embed", type=int, default=128, help="embedding width (default 128)")
-    ap.add_argument("--batch-size", type=int, default=64, help="SST trees per step (default 64)")
-    ap.add_argument("--passes", type=int, default=4, help="timed passes per cell process (fastest kept; 2 left the degree cells 1.2-1.4x apart on a noisy VM)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds over the cells (fastest kept)")
+    ap.add_argument("--trees", type=arguments.count, default=512, help="n-ary SST training trees, file order (default 512)")
+    ap.add_argument("--hidden", type=arguments.count, default=256, help="h (default 256)")
+    ap.add_argument("--embed", type=arguments.count, default=128, help="embedding width (default 128)")
+    ap.add_argument("--batch-size", type=arguments.count, default=64, help="SST trees per step (default 64)")
+    ap.add_argument("--passes", type=arguments.count, default=4, help="timed passes per cell process (fastest kept; 2 left the degree cells 1.2-1.4x apart on a noisy VM)")
+    ap.add_argument("--rounds", type=arguments.count, default=5, help="interleaved rounds over the cells (fastest kept)")
     ap.add_argument("--cells", type=cell_names, default=list(CELLS), help=f"comma-separated, of {', '.join(CELLS)}")
-    ap.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
+    ap.add_argument("--timeout", type=arguments.count, default=3600, help="seconds per cell")
     ap.add_argument("--check", action="store_true", help="print Cavs's and DyNet's losses (JSON) and exit")
 
 

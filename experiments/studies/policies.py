@@ -56,11 +56,11 @@ def task_stats(workload: str, hidden: int, count: int, policy: str) -> dict:
 
 def add_arguments(ap) -> None:
     ap.add_argument("--policies", type=arguments.names("batched", "alap", "merged", "serial"), default=["batched", "alap", "merged"])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rounds", type=arguments.count, default=3)
+    ap.add_argument("--repeats", type=arguments.count, default=2)
     ap.add_argument("--workloads", type=arguments.names(*WORKLOADS), default=list(WORKLOADS))
-    ap.add_argument("--hidden", type=int, help="override every workload's hidden size (a smoke run)")
-    ap.add_argument("--samples", type=int, help="override every workload's sample count (a smoke run)")
+    ap.add_argument("--hidden", type=arguments.count, help="override every workload's hidden size (a smoke run)")
+    ap.add_argument("--samples", type=arguments.count, help="override every workload's sample count (a smoke run)")
 
 
 def main(results_dir: Path, args) -> int:

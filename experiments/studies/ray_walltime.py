@@ -30,7 +30,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="quick", choices=list(PROFILES))
     parser.add_argument("--systems", default=["cavs"], type=arguments.items, help="comma-separated (default: cavs)")
     parser.add_argument("--panels", type=arguments.items, help="comma-separated subset of panels (default: all)")
-    parser.add_argument("--workers", type=int, default=2, help="one-CPU worker nodes of the Ray cluster")
+    parser.add_argument("--workers", type=arguments.count, default=2, help="one-CPU worker nodes of the Ray cluster")
 
 
 def main(results_dir: Path, args) -> int:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import environment, launch
+from .. import arguments, environment, launch
 from ..results import read_rows
 
 SYSTEMS = ("cavs", "dynet", "pytorch", "cavs-torch")
@@ -295,17 +295,17 @@ def add_arguments(p) -> None:
     p.add_argument("--systems", type=_csv_list, default=list(DEFAULT_SYSTEMS),
                    help=f"comma-separated, of {', '.join(SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})")
     p.add_argument("--threads", type=_threads, default=1, help="compute threads per system (default 1)")
-    p.add_argument("--epochs", type=int, help="epochs of the full runs (default: the profile's)")
-    p.add_argument("--partial-trees", type=int, help="trees per epoch of the partial systems (PyTorch)")
-    p.add_argument("--train-limit", type=int, help="train on N trees spread evenly over train.txt")
-    p.add_argument("--dev-limit", type=int, help="evaluate on N trees spread evenly over dev.txt")
-    p.add_argument("--test-limit", type=int, help="test on N trees spread evenly over test.txt")
-    p.add_argument("--hidden", type=int, help="h (default 150)")
-    p.add_argument("--embed", type=int, help="embedding width (default 300)")
-    p.add_argument("--batch-size", type=int, help="trees per training step (default 25)")
-    p.add_argument("--eval-batch", type=int, help="trees per predict call (default 100)")
-    p.add_argument("--seed", type=int, help="initial weights and epoch order (default 0)")
-    p.add_argument("--time-limit", type=float, help="seconds per system (default: the profile's)")
+    p.add_argument("--epochs", type=arguments.count, help="epochs of the full runs (default: the profile's)")
+    p.add_argument("--partial-trees", type=arguments.count, help="trees per epoch of the partial systems (PyTorch)")
+    p.add_argument("--train-limit", type=arguments.count, help="train on N trees spread evenly over train.txt")
+    p.add_argument("--dev-limit", type=arguments.count, help="evaluate on N trees spread evenly over dev.txt")
+    p.add_argument("--test-limit", type=arguments.count, help="test on N trees spread evenly over test.txt")
+    p.add_argument("--hidden", type=arguments.count, help="h (default 150)")
+    p.add_argument("--embed", type=arguments.count, help="embedding width (default 300)")
+    p.add_argument("--batch-size", type=arguments.count, help="trees per training step (default 25)")
+    p.add_argument("--eval-batch", type=arguments.count, help="trees per predict call (default 100)")
+    p.add_argument("--seed", type=arguments.count, help="initial weights and epoch order (default 0)")
+    p.add_argument("--time-limit", type=arguments.positive, help="seconds per system (default: the profile's)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

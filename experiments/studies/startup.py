@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import launch
+from .. import arguments, launch
 
 START = time.perf_counter()
 
@@ -39,8 +39,8 @@ def engine_groups(engine) -> list:
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3, help="processes per warm case")
+    ap.add_argument("--hidden", type=arguments.count, default=512)
+    ap.add_argument("--repeats", type=arguments.count, default=3, help="processes per warm case")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--cache", help="kernel cache directory to use (default: a new empty one); the cold case "
                                     "runs only when it is empty")

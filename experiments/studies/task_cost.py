@@ -116,8 +116,8 @@ def measure(hidden: int, passes: int, count: int = 512) -> dict:
 
 def add_arguments(ap) -> None:
     ap.add_argument("--hidden", type=arguments.counts, default=[64, 256, 512])
-    ap.add_argument("--passes", type=int, default=3, help="passes per measurement (fastest kept)")
-    ap.add_argument("--samples", type=int, default=512, help="SST training trees (file order)")
+    ap.add_argument("--passes", type=arguments.count, default=3, help="passes per measurement (fastest kept)")
+    ap.add_argument("--samples", type=arguments.count, default=512, help="SST training trees (file order)")
 
 
 def main(results_dir: Path, args) -> int:

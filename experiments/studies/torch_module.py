@@ -39,12 +39,12 @@ FIELDS = ["cell", "hidden", "trees", "batch_size", "batches", "passes", "rounds"
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--trees", type=int, default=512, help="SST training trees, file order (default 512)")
+    ap.add_argument("--trees", type=arguments.count, default=512, help="SST training trees, file order (default 512)")
     ap.add_argument("--hidden", type=arguments.counts, default=[64, 256, 512], help="comma-separated h (default 64,256,512)")
-    ap.add_argument("--batch-size", type=int, default=64, help="trees per step (default 64)")
-    ap.add_argument("--passes", type=int, default=2, help="timed passes per cell process (fastest kept)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the cells (fastest kept)")
-    ap.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    ap.add_argument("--batch-size", type=arguments.count, default=64, help="trees per step (default 64)")
+    ap.add_argument("--passes", type=arguments.count, default=2, help="timed passes per cell process (fastest kept)")
+    ap.add_argument("--rounds", type=arguments.count, default=3, help="interleaved rounds over the cells (fastest kept)")
+    ap.add_argument("--timeout", type=arguments.count, default=1800, help="seconds per cell")
 
 
 # ---------------------------------------------------------------- one cell (in its own process)

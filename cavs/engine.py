@@ -405,9 +405,7 @@ class Engine:
         the engine's dtype, checked: its shape, and every value finite (naming the graph and
         vertex of the first that is not)."""
         if hasattr(values, "detach"):          # a torch tensor: its memory, without a copy on the CPU
-            values = values.detach()
-            values = values.numpy() if self.backend.name == "numpy" and values.device.type == "cpu" \
-                else self.xp.from_dlpack(values)
+            values = self._from_torch(values.detach(), what)
         given = type(values).__name__
         if not hasattr(values, "dtype"):        # a list: its dtype is known once it is an array
             values = np.asarray(values)
@@ -431,6 +429,24 @@ class Engine:
             raise ValueError(f"{what}: {forest.names[i]}: vertex {v - int(forest.offsets[i])} (row {v}) has a "
                              "non-finite value")
         return values
+
+    def _from_torch(self, tensor, what: str):
+        """A torch tensor as an array of the backend: cast by torch where NumPy has no such dtype
+        (bfloat16 from autocast, float8) or the engine computes in another; from the CPU for NumPy,
+        from CUDA (DLPack, no copy) or the CPU (a copy) for CuPy."""
+        import torch                            # already imported: the caller holds a tensor
+        device = tensor.device.type
+        if tensor.dtype.is_complex:
+            raise ValueError(f"{what} must be a real tensor, got {tensor.dtype}")
+        if device not in ("cpu", "cuda") or (self.backend.name == "numpy" and device != "cpu"):
+            on = "the CPU (NumPy)" if self.backend.name == "numpy" else "a CUDA GPU (CuPy)"
+            raise ValueError(f"{what} is a tensor on {tensor.device}; this engine computes on {on}: move it there "
+                             f"(.{'cpu' if self.backend.name == 'numpy' else 'cuda'}())")
+        if tensor.dtype.is_floating_point and tensor.dtype != getattr(torch, self.dtype.name):
+            tensor = tensor.to(getattr(torch, self.dtype.name))
+        if self.backend.name == "numpy":
+            return tensor.numpy()
+        return self.xp.from_dlpack(tensor) if device == "cuda" else tensor.numpy()
 
     @property
     def _pull_width(self):

@@ -50,6 +50,10 @@ class VertexModule(nn.Module):
         self._live = None            # the token of the pass whose activations the engine holds
 
     def forward(self, batch, inputs=None):
+        if torch._C._are_functorch_transforms_active():
+            raise RuntimeError("cavs.torch.VertexModule does not run under torch.func transforms (grad, vmap, jacrev, "
+                               "jvp): the engine's pass is NumPy or CuPy code that they cannot see into; take "
+                               "gradients with loss.backward() or torch.autograd.grad instead")
         self._bind()
         if inputs is not None and not torch.is_tensor(inputs):
             inputs = torch.as_tensor(inputs)      # NumPy or CuPy: its memory, as a tensor autograd can save

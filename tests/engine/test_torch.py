@@ -239,6 +239,33 @@ def test_non_finite_inputs_and_gradients_are_refused_clearly():
         np.testing.assert_array_equal(enc.engine.params[k], v)
 
 
+def test_inputs_of_another_dtype_are_cast_and_get_their_gradient_in_it_and_other_devices_are_refused():
+    enc = module()                     # float64
+    batch = enc.model.make_batch(graphs())
+    x = torch.randn(batch.num_vertices, E, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    for dtype in (torch.bfloat16, torch.float32):      # bfloat16: what torch.autocast hands on
+        low = x.to(dtype).requires_grad_()
+        want = copy(low.detach().to(F64))
+        (enc(batch, inputs=low) ** 2).sum().backward()
+        (enc(batch, inputs=want) ** 2).sum().backward()
+        assert low.grad.dtype == dtype
+        torch.testing.assert_close(low.grad, want.grad.to(dtype))
+    with pytest.raises(ValueError, match=r"inputs is a tensor on meta; this engine computes on the CPU \(NumPy\)"):
+        enc(batch, inputs=torch.zeros(batch.num_vertices, E, device="meta"))
+    with pytest.raises(ValueError, match="inputs must be a real tensor"):
+        enc(batch, inputs=torch.zeros(batch.num_vertices, E, dtype=torch.complex64))
+
+
+def test_torch_func_transforms_are_refused_by_name():
+    enc = module()
+    batch = enc.model.make_batch(graphs())
+    x = torch.zeros(batch.num_vertices, E, dtype=F64)
+    with pytest.raises(RuntimeError, match="does not run under torch.func transforms"):
+        torch.func.grad(lambda t: enc(batch, inputs=t).sum())(x)
+    g, = torch.autograd.grad(enc(batch, inputs=copy(x)).sum(), [enc.W])      # what to use instead
+    assert g.shape == enc.W.shape
+
+
 def test_numpy_inputs_a_torch_training_loop_and_a_scheduler():
     enc = module()
     batch = enc.model.make_batch(graphs())

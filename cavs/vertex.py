@@ -22,6 +22,7 @@ traced value, comparing one, or calling a NumPy function on one.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import sys
@@ -100,6 +101,30 @@ def _number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _constant(value, op: str) -> float | None:
+    """A Python (or NumPy) number as the float an op carries; None for anything else. A constant
+    that is not finite (nan, inf, an int past a float's range) would make every vertex's value NaN
+    or inf in silence, so it is refused, naming the line."""
+    if not _number(value):
+        return None
+    try:
+        c = float(value)
+    except OverflowError:
+        c = math.inf
+    if not math.isfinite(c):
+        shown = repr(value) if len(repr(value)) <= 24 else f"{repr(value)[:12]}... ({len(repr(value))} digits)"
+        raise TraceError(f"{_user_line()} ({op}): the constant {shown} is not a finite number")
+    return c
+
+
+def _not_an_op(text: str, advice: str):
+    """An operator Python offers that vertex functions do not: a TraceError naming it and the line
+    (not Python's TypeError about a Symbol)."""
+    def refuse(self, *_):
+        raise TraceError(f"{_user_line()} ({text}): not an op of vertex functions; {advice}")
+    return refuse
+
+
 class Symbol:
     """A traced per-vertex or per-edge value; Python operators record ops."""
     __array_priority__ = 1000
@@ -124,48 +149,55 @@ class Symbol:
 
     # arithmetic with another value or a Python number
     def __add__(self, o):
-        if _number(o):
-            return self if o == 0 else self._op("shift", (self.node,), c=float(o))
+        c = _constant(o, "add")
+        if c is not None:
+            return self if c == 0 else self._op("shift", (self.node,), c=c)
         return self._bin("add", o)
 
     __radd__ = __add__                          # sum(...) starts from 0
 
     def __sub__(self, o):
-        if _number(o):
-            return self if o == 0 else self._op("shift", (self.node,), c=-float(o))
+        c = _constant(o, "sub")
+        if c is not None:
+            return self if c == 0 else self._op("shift", (self.node,), c=-c)
         return self._bin("sub", o)
 
     def __rsub__(self, o):
-        if _number(o):
+        c = _constant(o, "sub")
+        if c is not None:
             negated = self._op("neg", (self.node,))
-            return negated if o == 0 else negated._op("shift", (negated.node,), c=float(o))
+            return negated if c == 0 else negated._op("shift", (negated.node,), c=c)
         return self._bin("sub", o, swap=True)
 
     def __mul__(self, o):
-        if _number(o):
-            return self if o == 1 else self._op("scale", (self.node,), c=float(o))
+        c = _constant(o, "mul")
+        if c is not None:
+            return self if c == 1 else self._op("scale", (self.node,), c=c)
         return self._bin("mul", o)
 
     __rmul__ = __mul__
 
     def __truediv__(self, o):
-        if _number(o):
-            if o == 0:
+        c = _constant(o, "div")
+        if c is not None:
+            if c == 0:
                 raise TraceError(f"{_user_line()} (div): division by the constant 0")
-            return self if o == 1 else self._op("scale", (self.node,), c=1.0 / float(o))
+            return self if c == 1 else self._op("scale", (self.node,), c=1.0 / c)
         return self._bin("div", o)
 
     def __rtruediv__(self, o):
-        if _number(o):
+        c = _constant(o, "div")
+        if c is not None:
             inverse = self._op("power", (self.node,), p=-1.0)
-            return inverse if o == 1 else inverse._op("scale", (inverse.node,), c=float(o))
+            return inverse if c == 1 else inverse._op("scale", (inverse.node,), c=c)
         return self._bin("div", o, swap=True)
 
     def __pow__(self, p):
-        if not _number(p):
+        c = _constant(p, "power")
+        if c is None:
             raise TraceError(f"{_user_line()} (power): the exponent must be a Python number, got "
                              f"{type(p).__name__}; for x ** y write cavs.exp(y * cavs.log(x))")
-        return self if p == 1 else self._op("power", (self.node,), p=float(p))
+        return self if c == 1 else self._op("power", (self.node,), p=c)
 
     def __rpow__(self, base):
         raise TraceError(f"{_user_line()} (power): a number raised to a traced value is not an op; "
@@ -174,6 +206,9 @@ class Symbol:
     def __neg__(self):
         return self._op("neg", (self.node,))
 
+    def __pos__(self):
+        return self
+
     def __abs__(self):
         return self._op("abs", (self.node,))
 
@@ -181,6 +216,21 @@ class Symbol:
         if not isinstance(w, Param):
             raise TraceError(f"{_user_line()} (matmul): the right operand must be a parameter (p.NAME)")
         return self._op("matmul", (self.node, w.node))
+
+    def __rmatmul__(self, w):
+        name = f"p.{w.node.attrs['name']}" if isinstance(w, Param) else type(w).__name__
+        raise TraceError(f"{_user_line()} (matmul): {name} @ value is not an op; a vertex value is a row vector, "
+                         f"so write value @ {name if isinstance(w, Param) else 'p.NAME'} (declare the parameter "
+                         "transposed if need be)")
+
+    # Python operators that are not ops: named, with what to write instead
+    __floordiv__ = __rfloordiv__ = _not_an_op("//", "values stay real: use / (there is no floor division)")
+    __mod__ = __rmod__ = __divmod__ = __rdivmod__ = _not_an_op("%", "values stay real: there is no remainder op")
+    __round__ = __trunc__ = __floor__ = __ceil__ = _not_an_op("rounding", "values stay real: there is no rounding "
+                                                                          "op")
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = __invert__ = _not_an_op(
+        "&, |, ^, ~", "F is static; for a mask multiply by a value in [0, 1] (cavs.sigmoid, cavs.maximum)")
+    __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _not_an_op("<<, >>", "values are real, not bits")
 
     def __getitem__(self, item):
         if not isinstance(item, slice) or item.step not in (None, 1):
@@ -289,6 +339,18 @@ class Param:
     def __getitem__(self, item):
         raise TraceError(f"{_user_line()} (param): p.{self.node.attrs['name']} cannot be indexed; "
                          "declare the pieces as parameters of their own, or slice a vertex value")
+
+    def _alone(self, other=None):
+        """Arithmetic between a parameter and a vertex value is the value's op (Python then calls
+        its reflected operator); on parameters and numbers alone it is not an op."""
+        if isinstance(other, Symbol):
+            return NotImplemented
+        raise TraceError(f"{_user_line()} (param): arithmetic on p.{self.node.attrs['name']} alone is not an op; F "
+                         "computes per-vertex values: combine the parameter with one (x * p.b, x @ p.W) and "
+                         "compute on the result")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _alone
+    __pow__ = __rpow__ = __matmul__ = __neg__ = __pos__ = __abs__ = _alone
 
 
 class Params:
@@ -491,7 +553,7 @@ def _extremum(op):
         s = _first_symbol([a, b], op)
         if _number(a) or _number(b):
             x, c = (b, a) if _number(a) else (a, b)
-            return s._op(f"{op[:3]}_const", (x.node,), c=float(c))
+            return s._op(f"{op[:3]}_const", (x.node,), c=_constant(c, op))
         return s._bin(op, b if s is a else a)
     f.__name__ = op
     f.__doc__ = f"{op}(a, b), elementwise; either may be a Python number."
@@ -516,6 +578,8 @@ def layer_norm(h: Symbol, gain: Param | None = None, bias: Param | None = None, 
     """(h - mean) / sqrt(var + eps) over the feature axis, then * gain + bias (parameters of the
     width of h, each optional)."""
     s = _first_symbol([h], "layer_norm")
+    if _constant(eps, "layer_norm") is None or eps < 0:
+        raise TraceError(f"{_user_line()} (layer_norm): eps must be a number of at least 0, got {eps!r}")
     for what, param in (("gain", gain), ("bias", bias)):
         if isinstance(param, Param) and tuple(param.shape) != (s.width,):
             raise TraceError(f"{_user_line()} (layer_norm): {what} must be a parameter of the value's width "

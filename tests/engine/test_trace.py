@@ -66,6 +66,33 @@ def test_slices_stay_inside_the_value_concat_needs_a_value_and_layer_norm_a_gain
             _model_with(cell_with(piece))
 
 
+def test_operators_that_are_not_ops_and_non_finite_constants_are_named():
+    """Python's TypeError about a Symbol (h // 2, round(h), p.W @ h, p.b * 2) or a NaN on every
+    vertex (h * float("nan")) become a TraceError naming the operator and the line."""
+    def cell_with(piece):
+        def cell(v, p):
+            h = v.gather(0)
+            v.scatter(piece(h, p))
+            v.push(h)
+        return cell
+    _model_with(cell_with(lambda h, p: +h))
+    for piece, message in ((lambda h, p: h // 2, r"\(//\): not an op of vertex functions; values stay real: use /"),
+                           (lambda h, p: h % 2, r"\(%\): not an op"),
+                           (lambda h, p: round(h), r"\(rounding\): not an op"),
+                           (lambda h, p: h & h, r"\(&, \|, \^, ~\): not an op"),
+                           (lambda h, p: p.W @ concat(h, h), r"\(matmul\): p.W @ value is not an op; .* write value @ p.W"),
+                           (lambda h, p: h + p.b * 2, r"\(param\): arithmetic on p.b alone is not an op"),
+                           (lambda h, p: -p.b + h, r"\(param\): arithmetic on p.b alone"),
+                           (lambda h, p: h * float("nan"), r"\(mul\): the constant nan is not a finite number"),
+                           (lambda h, p: h - 10 ** 400, r"\(sub\): the constant 1000.* is not a finite number"),
+                           (lambda h, p: h ** float("inf"), r"\(power\): the constant inf is not a finite number"),
+                           (lambda h, p: cavs.maximum(h, float("-inf")), r"\(maximum\): the constant -inf"),
+                           (lambda h, p: cavs.layer_norm(h, eps=-1.0), r"\(layer_norm\): eps must be a number of at least 0")):
+        with pytest.raises(cavs.TraceError, match=r"test_trace.py:\d+ " + message):
+            _model_with(cell_with(piece))
+    _model_with(cell_with(lambda h, p: p.b - h))         # a parameter beside a value is still the value's op
+
+
 def line_of(fn, text: str) -> str:
     """'test_trace.py:LINE' of the line of fn's source that contains `text`."""
     lines, first = inspect.getsourcelines(fn)

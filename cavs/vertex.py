@@ -394,6 +394,19 @@ class EdgeSet:
                              "each vertex's edges; got a per-vertex value")
         return self._t.wrap(self._t.program.add("edge_softmax", (node,)))
 
+    def __getattr__(self, name):
+        if name.startswith("__") or name == "_t":
+            raise AttributeError(name)
+        raise UnknownAttributeError(
+            f"{_user_line()} (children().{name}): the edges have no attribute {name!r}; they have .state (per edge), "
+            ".broadcast(x) and .softmax(e); reduce a per-edge value with e.sum(), e.mean(), e.max()")
+
+
+def _not_a_param(node: Node, op: str) -> None:
+    if node.is_param:
+        raise TraceError(f"{_user_line()} ({op}): got the parameter p.{node.attrs['name']}; {op} takes a per-vertex "
+                         "value, computed from what the vertex pulls or gathers")
+
 
 class Vertex:
     """The `v` argument of a vertex function: the four message ops, and the vertex's edges."""
@@ -407,8 +420,12 @@ class Vertex:
         if t.arity is None:
             raise TraceError(f"{_user_line()} (gather): gather(k) reads child slot k; declare the model's "
                              "arity=K, or use v.children() for any number of children")
-        if not isinstance(k, int) or not 0 <= k < t.arity:
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
+            raise TraceError(f"{_user_line()} (gather): the child index must be a whole number in 0..{t.arity - 1}, "
+                             f"got {k!r}")
+        if not 0 <= k < t.arity:
             raise TraceError(f"{_user_line()} (gather): child index {k} is beyond the declared arity {t.arity}")
+        k = int(k)
         return t.wrap(t.program.add("gather", (), k=k, width=t.state_width))
 
     def gather_all(self) -> list[Symbol]:
@@ -440,6 +457,7 @@ class Vertex:
         node = t.lift(s, "scatter")
         if t.scattered is not None:
             raise TraceError(f"{_user_line()} (scatter): scatter called twice (first at {t.scattered.where})")
+        _not_a_param(node, "scatter")
         if node.shape != (t.state_width,):
             raise TraceError(f"{_user_line()} (scatter): the state has width {node.shape[0]}, "
                              f"but the model declares state width {t.state_width}")
@@ -454,9 +472,18 @@ class Vertex:
         node = t.lift(s, "push")
         if t.pushed is not None:
             raise TraceError(f"{_user_line()} (push): push called twice (first at {t.pushed.where})")
+        _not_a_param(node, "push")
         if node.domain != "vertex":
             raise TraceError(f"{_user_line()} (push): push sends a per-vertex value; reduce the edges first")
         t.pushed = t.program.add("push", (node,))
+
+    def __getattr__(self, name):
+        # only for names not found the normal way; Python's own protocols (dunders) keep their AttributeError
+        if name.startswith("__") or name == "_t":
+            raise AttributeError(name)
+        raise UnknownAttributeError(
+            f"{_user_line()} (v.{name}): a vertex has no attribute {name!r}; it has v.gather(k), v.children(), "
+            "v.num_children(), v.pull(), v.scatter(s) and v.push(s) (docs/library.md)")
 
 
 class Tracer:

@@ -93,6 +93,24 @@ def test_operators_that_are_not_ops_and_non_finite_constants_are_named():
     _model_with(cell_with(lambda h, p: p.b - h))         # a parameter beside a value is still the value's op
 
 
+def test_vertex_and_edge_mistakes_name_the_line():
+    def cell_with(body):
+        def cell(v, p):
+            body(v, p)
+        return cell
+    for body, message in ((lambda v, p: v.scatter(v.gather(1.5)), r"\(gather\): the child index must be a whole number "
+                                                                   r"in 0..1, got 1.5"),
+                          (lambda v, p: v.scatter(v.state), r"\(v.state\): a vertex has no attribute 'state'; it has "
+                                                            r"v.gather\(k\)"),
+                          (lambda v, p: v.scatter(v.children().states), r"\(children\(\).states\): the edges have no "
+                                                                         r"attribute 'states'; they have .state"),
+                          (lambda v, p: v.scatter(p.b), r"\(scatter\): got the parameter p.b; scatter takes a "
+                                                        r"per-vertex value"),
+                          (lambda v, p: (v.scatter(v.gather(0)), v.push(p.b)), r"\(push\): got the parameter p.b")):
+        with pytest.raises(cavs.TraceError, match=r"test_trace.py:\d+ " + message):
+            _model_with(cell_with(body))
+
+
 def line_of(fn, text: str) -> str:
     """'test_trace.py:LINE' of the line of fn's source that contains `text`."""
     lines, first = inspect.getsourcelines(fn)

@@ -29,7 +29,7 @@ from .backend import get_backend
 from .loss import softmax, softmax_cross_entropy, warm_up as loss_warm_up
 from .lowering import Lowered
 from .memory import Counters, EdgePlan, LossPlan, MessagePlans, PullPlan, Timings
-from .model import EMBEDDING, HEAD, Batch, check_finite
+from .model import EMBEDDING, HEAD, Batch, Model, check_finite
 from .scheduler import POLICIES
 from .support import SKIP, actions
 
@@ -47,8 +47,20 @@ class Engine:
                  streaming: bool | None = None, share_tokens: bool = True,
                  threads: int | None = None, blas: str | None = None,
                  seed: int | None = None, frozen=(), on_nonfinite: str = "raise"):
+        if not isinstance(model, Model):
+            raise TypeError(f"the engine takes a cavs.Model (cavs.Model(cell, params, state=..., ...)), got "
+                            f"{type(model).__name__}")
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+        for name, value, may_be_none in (("lazy", lazy, False), ("eager", eager, False), ("fusion", fusion, True),
+                                         ("streaming", streaming, True), ("share_tokens", share_tokens, False)):
+            if not (isinstance(value, (bool, np.bool_)) or (may_be_none and value is None)):
+                raise TypeError(f"{name} must be True or False{' (or None: the default)' if may_be_none else ''}, "
+                                f"got {value!r}")
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
+            raise ValueError(f"seed must be a whole number of at least 0 (or None: the model's), got {seed!r}")
+        if isinstance(frozen, str):      # one name, not its letters
+            frozen = (frozen,)
         if threads is not None and (not isinstance(threads, (int, np.integer)) or isinstance(threads, bool)
                                     or threads < 0):
             raise ValueError(f"threads must be a positive integer (or None or 0 to leave the process's "
@@ -62,6 +74,13 @@ class Engine:
         self.frozen, self.on_nonfinite, self.skipped_steps = frozenset(frozen), on_nonfinite, 0
         self.model, self.policy = model, policy
         # docs/workloads.md's rule by default: SGD, lr 1.0, gradients clipped to a global norm of 5.0
+        if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
+            kind = type(optimizer)
+            got = (f"the class {optimizer.__name__} (give an instance: {optimizer.__name__}(lr=...))"
+                   if isinstance(optimizer, type) else kind.__name__ if kind.__module__ == "builtins"
+                   else f"{kind.__module__}.{kind.__qualname__}")
+            raise TypeError(f"optimizer must be a cavs optimizer (cavs.optim.SGD(...), Adagrad(...), Adam(...)), got "
+                            f"{got}; a torch.optim optimizer trains a cavs.torch.VertexModule")
         self.optimizer = optimizer if optimizer is not None else optim.SGD(lr=1.0, clip_norm=5.0)
         self.backend = get_backend(backend)
         # defaults = the fastest combination measured (docs/design.md): fusion everywhere (on the CPU

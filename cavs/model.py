@@ -83,16 +83,32 @@ class Batch:
         return self.forest.num_samples
 
 
-def _shape_of(name: str, spec) -> tuple:
-    if isinstance(spec, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in spec):
-        if not spec or any(d <= 0 for d in spec):
+def _spec_of(name: str, spec):
+    """A parameter as declared: a shape (a tuple, or a list of whole numbers) to initialise, or its
+    initial values (a NumPy array, or a list of numbers that are not all whole), as float64."""
+    whole = lambda d: isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+    if isinstance(spec, tuple) or (isinstance(spec, list) and spec and all(whole(d) for d in spec)):
+        if not spec or not all(whole(d) for d in spec):
+            raise ValueError(f"parameter {name!r}: shape {tuple(spec)} must be whole numbers (give initial values "
+                             "as a NumPy array)")
+        if any(d <= 0 for d in spec):
             raise ValueError(f"parameter {name!r}: shape {tuple(spec)} must have positive sizes")
         return tuple(int(d) for d in spec)
     a = np.asarray(spec)
-    if a.dtype.kind not in "fiu" or a.ndim == 0:
-        raise ValueError(f"parameter {name!r}: give a shape tuple or a numeric array, got {type(spec).__name__}")
+    if a.dtype.kind not in "fiu" or a.ndim == 0 or a.size == 0:
+        got = f"an empty {type(spec).__name__}" if a.ndim and a.size == 0 else type(spec).__name__
+        raise ValueError(f"parameter {name!r}: give a shape tuple or a numeric array, got {got}")
     check_finite(name, a)
-    return a.shape
+    return a.astype(np.float64)
+
+
+def _check_whole(what: str, value, least: int = 1) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{what} must be a whole number of at least {least}, got {value!r}")
+
+
+def _shape_of(spec) -> tuple:
+    return spec if isinstance(spec, tuple) else spec.shape
 
 
 def check_finite(name: str, value: np.ndarray) -> None:
@@ -112,6 +128,19 @@ class Model:
                  embedding: tuple[int, int] | None = None, inputs: int | None = None,
                  classes: int | None, reduction: str = "mean", seed: int = 0, dtype="float32",
                  reader=None, name: str | None = None):
+        try:
+            np.dtype(dtype)
+        except TypeError:
+            raise ValueError(f"dtype {dtype!r} is not a NumPy dtype; use float32 (or float64)") from None
+        _check_whole("state", state)
+        if inputs is not None:
+            _check_whole("inputs", inputs)
+        if embedding is not None:
+            if not isinstance(embedding, (tuple, list)) or len(embedding) != 2:
+                raise ValueError(f"embedding must be a pair (V, E): the vocabulary and the width, got {embedding!r}")
+            _check_whole("embedding's vocabulary V", embedding[0])
+            _check_whole("embedding's width E", embedding[1])
+        _check_whole("seed", seed, least=0)
         if np.dtype(dtype).name not in DTYPES:
             raise ValueError(f"dtype {np.dtype(dtype).name} is not supported end to end (the fused kernels, the "
                              f"loss and the products run in {' or '.join(DTYPES)}); use float32")
@@ -141,7 +170,8 @@ class Model:
         self.vocab, self.embed = (int(embedding[0]), int(embedding[1])) if embedding is not None else (None, None)
         self.inputs = None if inputs is None else int(inputs)
         input_width = self.embed if embedding is not None else self.inputs
-        shapes = {k: _shape_of(k, v) for k, v in params.items()}
+        params = {k: _spec_of(k, v) for k, v in params.items()}
+        shapes = {k: _shape_of(v) for k, v in params.items()}
         self.F = trace(cell, self.arity, self.state, input_width, shapes)
         if self.F.push is None:
             raise TraceError(f"{self.name}: push was never called; the softmax head and engine.forward read "
@@ -150,9 +180,9 @@ class Model:
         self.push_width = self.F.push.inputs[0].shape[0]
         head = {"Wout": (self.push_width, self.classes), "bout": (self.classes,)} if self.has_head else {}
         self._specs = {**({EMBEDDING: (self.vocab, self.embed)} if embedding is not None else {}),
-                       **{k: (tuple(v) if isinstance(v, (tuple, list)) else v) for k, v in params.items()},
+                       **params,
                        **head}
-        self.param_shapes = {k: _shape_of(k, v) for k, v in self._specs.items()}
+        self.param_shapes = {k: _shape_of(v) for k, v in self._specs.items()}
 
     @property
     def has_head(self) -> bool:

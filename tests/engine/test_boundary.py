@@ -111,6 +111,48 @@ def test_threads_must_be_none_or_a_non_negative_integer():
             cavs.Engine(model(), fusion=False, threads=threads)
 
 
+def test_engine_options_of_the_wrong_kind_are_named():
+    torch = pytest.importorskip("torch")
+    for optimizer, said in (("adam", "got str"), (cavs.optim.Adam, r"got the class Adam \(give an instance"),
+                            (torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), "got torch.optim.sgd.SGD")):
+        with pytest.raises(TypeError, match=r"optimizer must be a cavs optimizer .*" + said):
+            cavs.Engine(model(), fusion=False, optimizer=optimizer)
+    with pytest.raises(TypeError, match="the engine takes a cavs.Model .*got function"):
+        cavs.Engine(lambda v, p: None)
+    with pytest.raises(TypeError, match=r"fusion must be True or False \(or None: the default\), got 'no'"):
+        cavs.Engine(model(), fusion="no")             # a truthy string would have meant fusion on
+    with pytest.raises(ValueError, match="seed must be a whole number of at least 0"):
+        cavs.Engine(model(), fusion=False, seed="a")
+    assert cavs.Engine(model(), fusion=False, frozen="emb").frozen == {"emb"}     # one name, not its letters
+
+
+def test_model_sizes_and_parameter_values_are_checked_where_they_are_given():
+    def cell(v, p):
+        h = v.pull() @ p.W + p.b
+        v.scatter(h)
+        v.push(h)
+
+    def build(params=None, **options):
+        return cavs.Model(cell, params or {"W": (3, 4), "b": (4,)}, **{"state": 4, "inputs": 3, "classes": None,
+                                                                       **options})
+    # a list of floats is the initial values (it was taken for a shape, and the engine failed in NumPy)
+    engine = cavs.Engine(build({"W": (3, 4), "b": [0.5, 0.5, 0.5, 1.5]}), fusion=False)
+    np.testing.assert_array_equal(engine.params["b"], [0.5, 0.5, 0.5, 1.5])
+    assert cavs.Engine(build({"W": [3, 4], "b": [4]}), fusion=False).params["W"].shape == (3, 4)
+    for options, said in ((dict(params={"W": (3.0, 4), "b": (4,)}), r"'W': shape \(3.0, 4\) must be whole numbers"),
+                          (dict(params={"W": (3, 4), "b": []}), "'b': give a shape tuple or a numeric array, got an "
+                                                               "empty list"),
+                          (dict(state=0), "state must be a whole number of at least 1, got 0"),
+                          (dict(state="4"), "state must be a whole number of at least 1, got '4'"),
+                          (dict(inputs=0), "inputs must be a whole number of at least 1"),
+                          (dict(inputs=None, embedding=(10,)), r"embedding must be a pair \(V, E\)"),
+                          (dict(inputs=None, embedding=(10, 0)), "embedding's width E must be a whole number"),
+                          (dict(seed=-1), "seed must be a whole number of at least 0"),
+                          (dict(dtype="floaty"), "dtype 'floaty' is not a NumPy dtype")):
+        with pytest.raises(ValueError, match=said):
+            build(**options)
+
+
 @pytest.mark.parametrize("other", [dict(hidden=H + 1), dict(classes=3)], ids=["sizes", "classes"])
 def test_a_batch_of_another_model_is_refused_naming_both(other):
     mine, theirs = model(), model(**other)

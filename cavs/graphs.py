@@ -75,6 +75,8 @@ class Graph:
         arrays = {}
         for what, values in (("tokens", tokens), ("labels", labels)):
             a = vertex_ids(values, n, what, name)
+            if a.ndim != 1:
+                raise InputError(f"{name}: {what} must be a flat list, one entry per vertex; got shape {a.shape}")
             if a.shape != (n,):
                 raise InputError(f"{name}: {what} has {len(a)} entries for {n} vertices")
             arrays[what] = a
@@ -139,7 +141,11 @@ def levels(children: np.ndarray) -> np.ndarray:
 def from_parent_array(parents, tokens=None, labels=None, arity: int | None = None,
                       name: str = "sample") -> Graph:
     """A tree from `parents[v]` (-1 for the root); children keep increasing vertex order."""
-    parents = np.asarray(parents, dtype=np.int64)
+    if isinstance(parents, str):
+        raise InputError(f"{name}: parents must be a list of vertex indices (-1 for the root), got a str")
+    parents = vertex_ids(parents, 0, "parents", name)      # 2.5 is refused, not truncated to 2
+    if parents.ndim != 1:
+        raise InputError(f"{name}: parents must be a flat list, one entry per vertex; got shape {parents.shape}")
     n = len(parents)
     if n == 0:
         raise InputError(f"{name}: empty parent array")

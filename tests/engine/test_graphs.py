@@ -156,6 +156,11 @@ def test_bad_graphs_raise_input_error_naming_graph_and_vertex():
         (lambda: model.make_batch([cavs.Graph.from_children([[], [0]], tokens=[V, -1], name="big token")]),
          rf"big token: vertex 0 has token {V}, outside the vocabulary 0..{V - 1}"),
         (lambda: cavs.Graph.from_parents([1, -1, 7], name="parents"), r"parents: vertex 2"),
+        (lambda: cavs.Graph.from_parents([2.5, 2, -1], name="half"), r"half: vertex 0 has parent 2.5, not an integer"),
+        (lambda: cavs.Graph.from_parents([[2], [2], [-1]], name="column"),
+         r"column: parents must be a flat list, one entry per vertex; got shape \(3, 1\)"),
+        (lambda: cavs.Graph.from_children([[], [0]], tokens=[[1], [2]], name="nested"),
+         r"nested: tokens must be a flat list, one entry per vertex; got shape \(2, 1\)"),
         # Graph(...) itself converts nothing: a float token would be truncated, a list fail deep inside
         (lambda: model.make_batch([cavs.Graph(np.array([[-1, -1]]), np.array([1.5]), np.array([0]), "floats")]),
          r"floats: tokens must be an integer NumPy array, got float64 \(Graph.from_children"),

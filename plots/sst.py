@@ -31,7 +31,7 @@ FULL_RUNS = ("cavs", "dynet")     # the two systems the time-to-accuracy compare
 def load(results_dir) -> pd.DataFrame:
     path = Path(results_dir) / "sst.csv"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: run `make sst` (python -m experiments.sst) first")
+        raise FileNotFoundError(f"{path} not found: run `make sst` (python -m experiments.studies sst) first")
     df = read_csv(path)
     if df.empty:
         raise ValueError(f"{path} has no rows")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cavs
-from cavs import sigmoid, tanh
+from cavs import tanh
 from cavs.models import child_sum
 from experiments import floors
 from tests.conftest import backend_name

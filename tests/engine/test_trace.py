@@ -46,16 +46,19 @@ def test_trace_errors_name_the_line_and_op():
         _model_with(unknown_param)
 
 
+def _cell_with(piece):
+    """A vertex function that scatters piece(child 0's state, p)."""
+    def cell(v, p):
+        h = v.gather(0)
+        v.scatter(piece(h, p))
+        v.push(h)
+    return cell
+
+
 def test_slices_stay_inside_the_value_concat_needs_a_value_and_layer_norm_a_gain_of_its_width():
     """NumPy clips h[0:20] of a width-8 row to h[0:8] in silence; a vertex function that writes it
     almost certainly meant something else. Negative bounds count from the end, as in Python."""
-    def cell_with(piece):
-        def cell(v, p):
-            h = v.gather(0)
-            v.scatter(piece(h, p))
-            v.push(h)
-        return cell
-    _model_with(cell_with(lambda h, p: concat(h[-2:], h[:2])))
+    _model_with(_cell_with(lambda h, p: concat(h[-2:], h[:2])))
     for piece, message in ((lambda h, p: concat(h[0:8]), r"\(slice\): \[0:8\] reaches past the value's width 4"),
                            (lambda h, p: concat(h[3:1], h), r"\(slice\): \[3:1\] of a value of width 4 is empty"),
                            (lambda h, p: h[0:2.0], r"\(slice\): \[0:2.0\]: the bounds must be whole numbers"),
@@ -63,19 +66,13 @@ def test_slices_stay_inside_the_value_concat_needs_a_value_and_layer_norm_a_gain
                            (lambda h, p: cavs.layer_norm(h, bias=p.W), r"\(layer_norm\): bias must be a parameter of "
                                                                      r"the value's width 4; p.W has shape \(8, 4\)")):
         with pytest.raises(cavs.TraceError, match=r"test_trace.py:\d+ " + message):
-            _model_with(cell_with(piece))
+            _model_with(_cell_with(piece))
 
 
 def test_operators_that_are_not_ops_and_non_finite_constants_are_named():
     """Python's TypeError about a Symbol (h // 2, round(h), p.W @ h, p.b * 2) or a NaN on every
     vertex (h * float("nan")) become a TraceError naming the operator and the line."""
-    def cell_with(piece):
-        def cell(v, p):
-            h = v.gather(0)
-            v.scatter(piece(h, p))
-            v.push(h)
-        return cell
-    _model_with(cell_with(lambda h, p: +h))
+    _model_with(_cell_with(lambda h, p: +h))
     for piece, message in ((lambda h, p: h // 2, r"\(//\): not an op of vertex functions; values stay real: use /"),
                            (lambda h, p: h % 2, r"\(%\): not an op"),
                            (lambda h, p: round(h), r"\(rounding\): not an op"),
@@ -89,12 +86,12 @@ def test_operators_that_are_not_ops_and_non_finite_constants_are_named():
                            (lambda h, p: cavs.maximum(h, float("-inf")), r"\(maximum\): the constant -inf"),
                            (lambda h, p: cavs.layer_norm(h, eps=-1.0), r"\(layer_norm\): eps must be a number of at least 0")):
         with pytest.raises(cavs.TraceError, match=r"test_trace.py:\d+ " + message):
-            _model_with(cell_with(piece))
-    _model_with(cell_with(lambda h, p: p.b - h))         # a parameter beside a value is still the value's op
+            _model_with(_cell_with(piece))
+    _model_with(_cell_with(lambda h, p: p.b - h))         # a parameter beside a value is still the value's op
 
 
 def test_vertex_and_edge_mistakes_name_the_line():
-    def cell_with(body):
+    def _cell_with(body):
         def cell(v, p):
             body(v, p)
         return cell
@@ -108,7 +105,7 @@ def test_vertex_and_edge_mistakes_name_the_line():
                                                         r"per-vertex value"),
                           (lambda v, p: (v.scatter(v.gather(0)), v.push(p.b)), r"\(push\): got the parameter p.b")):
         with pytest.raises(cavs.TraceError, match=r"test_trace.py:\d+ " + message):
-            _model_with(cell_with(body))
+            _model_with(_cell_with(body))
 
 
 def line_of(fn, text: str) -> str:

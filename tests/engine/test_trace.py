@@ -91,7 +91,7 @@ def test_operators_that_are_not_ops_and_non_finite_constants_are_named():
 
 
 def test_vertex_and_edge_mistakes_name_the_line():
-    def _cell_with(body):
+    def running(body):
         def cell(v, p):
             body(v, p)
         return cell
@@ -105,7 +105,7 @@ def test_vertex_and_edge_mistakes_name_the_line():
                                                         r"per-vertex value"),
                           (lambda v, p: (v.scatter(v.gather(0)), v.push(p.b)), r"\(push\): got the parameter p.b")):
         with pytest.raises(cavs.TraceError, match=r"test_trace.py:\d+ " + message):
-            _model_with(_cell_with(body))
+            _model_with(running(body))
 
 
 def line_of(fn, text: str) -> str:

@@ -1,6 +1,7 @@
 """Input graphs as data: each sample's structure is a few index arrays, never a computation graph.
 
-A `Graph` is one sample: `children[v, k]` is the k-th child of vertex v (-1 where absent),
+A `Graph` is one sample: `children[v, k]` is the k-th child of vertex v (-1 where absent; graphs
+built from child lists or parent arrays keep the edges and build this array only when it is read),
 `tokens[v]` the external input of v (-1: none, `pull()` gives zeros), `labels[v]` the loss
 target at v (-1: no loss there). Vertices may be numbered in any order; a vertex may have
 several parents (a DAG). `Forest` concatenates the graphs of a batch with global indices.
@@ -20,13 +21,48 @@ class InputError(ValueError):
     """Bad input data: the message names the file/line or sample and the vertex at fault."""
 
 
-@dataclass
 class Graph:
-    children: np.ndarray  # (n, arity) int64, -1 = no child in that slot
-    tokens: np.ndarray    # (n,) int64, -1 = no external input
-    labels: np.ndarray    # (n,) int64, -1 = no loss at this vertex
-    name: str = "sample"
-    features: np.ndarray | None = None   # (n, D) float inputs, for models declared with inputs=D
+    """One sample. `Graph(children, tokens, labels, name, features)` takes the (n, arity) child-slot
+    array as it is; `from_children` and `from_parents` keep the edges instead (each edge's parent,
+    slot and child), so that a vertex of many children costs its edges, not n x its degree (a star
+    of 20,000 vertices was a 3.2 GB slot array). `children` is then built when it is read."""
+
+    def __init__(self, children, tokens, labels, name: str = "sample", features=None):
+        self._children, self._edges = children, None
+        self.tokens, self.labels, self.name, self.features = tokens, labels, name, features
+
+    @classmethod
+    def _of_edges(cls, parent, slot, child, tokens, labels, name, features) -> "Graph":
+        g = cls(None, tokens, labels, name, features)
+        g._edges = tuple(np.asarray(a, dtype=np.int64) for a in (parent, slot, child))
+        return g
+
+    @property
+    def children(self) -> np.ndarray:
+        """(n, arity) int64: the k-th child of each vertex, -1 where it has none."""
+        if self._children is None:
+            parent, slot, child = self._edges
+            self._children = np.full((self.num_vertices, self.arity), -1, dtype=np.int64)
+            self._children[parent, slot] = child
+        return self._children
+
+    @children.setter
+    def children(self, value) -> None:
+        self._children, self._edges = value, None
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(parent, slot, child) of every child slot in use (not -1), by parent, then slot."""
+        if self._edges is not None:
+            return self._edges
+        c = np.asarray(self._children)
+        parent, slot = np.nonzero(c != -1)
+        return parent, slot, c[parent, slot]
+
+    @property
+    def given_slots(self) -> bool:
+        """Whether the graph holds a child-slot array (given to Graph(...), or read): make_forest
+        checks it as given."""
+        return self._edges is None
 
     @property
     def num_vertices(self) -> int:
@@ -34,7 +70,14 @@ class Graph:
 
     @property
     def arity(self) -> int:
-        return self.children.shape[1]
+        if self._edges is None:
+            return self._children.shape[1]
+        slot = self._edges[1]
+        return int(slot.max()) + 1 if len(slot) else 1
+
+    def __repr__(self) -> str:
+        return (f"Graph({self.name!r}: {self.num_vertices} vertices, {len(self.edges()[0])} edges"
+                f"{', features' if self.features is not None else ''})")
 
     @classmethod
     def from_children(cls, children, tokens=None, labels=None, features=None, name: str = "graph") -> "Graph":
@@ -48,30 +91,29 @@ class Graph:
         n = len(lists)
         if n == 0:
             raise InputError(f"{name}: empty graph (no vertices)")
-        width = max(1, max(len(c) for c in lists))
-        arr = np.full((n, width), -1, dtype=np.int64)
         for v, c in enumerate(lists):
             for k, child in enumerate(c):
                 if not isinstance(child, (int, np.integer)) or isinstance(child, bool):
                     raise InputError(f"{name}: vertex {v} child {k} is {child!r}, not a vertex index")
-                arr[v, k] = child
-        listed = np.arange(width) < np.array([len(c) for c in lists])[:, None]
-        bad = listed & ((arr < 0) | (arr >= n))
+        degree = np.array([len(c) for c in lists], dtype=np.int64)
+        parent = np.repeat(np.arange(n, dtype=np.int64), degree)
+        child = np.fromiter((x for c in lists for x in c), dtype=np.int64, count=int(degree.sum()))
+        slot = np.arange(len(parent), dtype=np.int64) - np.repeat(np.cumsum(degree) - degree, degree)
+        bad = (child < 0) | (child >= n)
         if bad.any():
-            v, k = (int(x) for x in np.argwhere(bad)[0])
-            raise InputError(f"{name}: vertex {v} child {k} is {lists[v][k]}, out of range for a graph "
-                             f"of {n} vertices")
-        return cls._checked(arr, tokens, labels, features, name)
+            e = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{name}: vertex {int(parent[e])} child {int(slot[e])} is {int(child[e])}, out of range "
+                             f"for a graph of {n} vertices")
+        return cls._checked(n, (parent, slot, child), tokens, labels, features, name)
 
     @classmethod
     def from_parents(cls, parents, tokens=None, labels=None, features=None, name: str = "graph") -> "Graph":
         """A tree from `parents[v]` (-1 for the root); children keep increasing vertex order."""
         g = from_parent_array(parents, name=name)
-        return cls._checked(g.children, tokens, labels, features, name)
+        return cls._checked(g.num_vertices, g.edges(), tokens, labels, features, name)
 
     @classmethod
-    def _checked(cls, children, tokens, labels, features, name) -> "Graph":
-        n = len(children)
+    def _checked(cls, n, edges, tokens, labels, features, name) -> "Graph":
         arrays = {}
         for what, values in (("tokens", tokens), ("labels", labels)):
             a = vertex_ids(values, n, what, name)
@@ -85,7 +127,7 @@ class Graph:
             if features.ndim != 2 or len(features) != n or features.dtype.kind not in "fiu":
                 raise InputError(f"{name}: features must be a numeric (num_vertices={n}, D) array, "
                                  f"got shape {features.shape}")
-        g = cls(children, arrays["tokens"], arrays["labels"], name, features)
+        g = cls._of_edges(*edges, arrays["tokens"], arrays["labels"], name, features)
         validate(g, acyclic=False)
         return g
 
@@ -95,21 +137,22 @@ def validate(g: Graph, arity: int | None = None, acyclic: bool = True) -> None:
     n = g.num_vertices
     if n == 0:
         raise InputError(f"{g.name}: empty graph (no vertices)")
-    if g.children.ndim != 2 or g.children.shape[0] != n or len(g.labels) != n:
+    if (g.given_slots and (g.children.ndim != 2 or g.children.shape[0] != n)) or len(g.labels) != n:
         raise InputError(f"{g.name}: children/tokens/labels disagree on the number of vertices")
-    if arity is not None and g.arity > arity:
-        used = (g.children[:, arity:] >= 0).any(axis=1)
-        if used.any():
-            v = int(np.flatnonzero(used)[0])
-            raise InputError(f"{g.name}: vertex {v} has {int((g.children[v] >= 0).sum())} children, "
+    parent, slot, child = g.edges()
+    if arity is not None:
+        over = np.flatnonzero((slot >= arity) & (child >= 0))
+        if len(over):
+            v = int(parent[over[0]])
+            raise InputError(f"{g.name}: vertex {v} has {int(((parent == v) & (child >= 0)).sum())} children, "
                              f"more than the vertex function's arity {arity}")
-    bad = (g.children < -1) | (g.children >= n)
-    if bad.any():
-        v, k = (int(x) for x in np.argwhere(bad)[0])
-        raise InputError(f"{g.name}: vertex {v} child {k} is {int(g.children[v, k])}, "
+    bad = np.flatnonzero((child < 0) | (child >= n))      # child < 0: a slot below -1
+    if len(bad):
+        e = bad[0]
+        raise InputError(f"{g.name}: vertex {int(parent[e])} child {int(slot[e])} is {int(child[e])}, "
                          f"out of range for a graph of {n} vertices")
     if acyclic:
-        _raise_on_cycle(levels(g.children), [g.name], np.array([0, n]))
+        _raise_on_cycle(edge_levels(n, parent, child), [g.name], np.array([0, n]))
 
 
 def _raise_on_cycle(level: np.ndarray, names: list[str], offsets: np.ndarray) -> None:
@@ -153,19 +196,14 @@ def from_parent_array(parents, tokens=None, labels=None, arity: int | None = Non
     if bad.any():
         v = int(np.flatnonzero(bad)[0])
         raise InputError(f"{name}: vertex {v} has parent {int(parents[v])}, out of range for {n} vertices")
-    counts = np.bincount(parents[parents >= 0], minlength=n)
-    width = int(counts.max()) if arity is None else arity
-    if counts.max() > width:
-        v = int(np.argmax(counts))
-        raise InputError(f"{name}: vertex {v} has {int(counts[v])} children, more than arity {width}")
-    children = np.full((n, max(width, 1)), -1, dtype=np.int64)
-    fill = np.zeros(n, dtype=np.int64)
-    for v in range(n):
-        p = parents[v]
-        if p >= 0:
-            children[p, fill[p]] = v
-            fill[p] += 1
-    g = Graph(children, vertex_ids(tokens, n), vertex_ids(labels, n), name)
+    child = np.flatnonzero(parents >= 0)
+    child = child[np.argsort(parents[child], kind="stable")]      # by parent, then vertex order
+    parent = parents[child]
+    slot = np.arange(len(child)) - np.searchsorted(parent, parent)
+    if arity is not None and len(slot) and slot.max() >= arity:
+        v = int(parent[np.argmax(slot)])
+        raise InputError(f"{name}: vertex {v} has {int((parent == v).sum())} children, more than arity {arity}")
+    g = Graph._of_edges(parent, slot, child, vertex_ids(tokens, n), vertex_ids(labels, n), name, None)
     validate(g)
     return g
 
@@ -275,18 +313,33 @@ def _kahn_levels():
     return kahn_levels
 
 
-def _check_slots(graphs, stacked, owner, offsets, sizes, arity) -> None:
-    """validate()'s range and arity checks over a batch's stacked child slots; the first graph at
-    fault is named, with its first fault (numbered as in that graph)."""
-    over = (stacked[:, arity:] >= 0).any(axis=1) if arity is not None and stacked.shape[1] > arity \
-        else np.zeros(len(stacked), dtype=bool)
-    bad = (stacked < -1) | (stacked >= sizes[owner][:, None])
-    rows = np.flatnonzero(over | bad.any(axis=1))
-    if not len(rows):
-        return
-    i = int(owner[rows[0]])
-    validate(graphs[i], arity, acyclic=False)         # raises the message that names it
-    raise InputError(f"{graphs[i].name}: vertex {int(rows[0] - offsets[i])} has a child slot out of range")
+def _batch_edges(graphs, offsets, sizes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every graph's edges with global parent ids, by parent then slot: (parent, slot, the child as
+    numbered in its graph). Graphs given as child-slot arrays are stacked and read at once (a loop
+    per graph costs more than the arithmetic on a batch of small trees); graphs built from child
+    lists or parent arrays bring their edges."""
+    dense = [i for i, g in enumerate(graphs) if g._edges is None]
+    pieces = []
+    if dense:
+        slots = [graphs[i]._children for i in dense]
+        stacked = np.full((int(sizes[dense].sum()), max(c.shape[1] for c in slots)), -1, dtype=np.int64)
+        at = 0
+        for c in slots:
+            stacked[at:at + len(c), :c.shape[1]] = c
+            at += len(c)
+        row, slot = np.nonzero(stacked != -1)
+        ids = row if len(dense) == len(graphs) else \
+            np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in dense])[row]
+        pieces.append((ids, slot, stacked[row, slot]))
+    for i, g in enumerate(graphs):
+        if g._edges is not None:
+            parent, slot, child = g._edges
+            pieces.append((parent + offsets[i], slot, child))
+    parent, slot, child = (np.concatenate(a).astype(np.int64) for a in zip(*pieces))
+    if 0 < len(dense) < len(graphs):
+        order = np.lexsort((slot, parent))
+        parent, slot, child = parent[order], slot[order], child[order]
+    return parent, slot, child
 
 
 def make_forest(graphs: list[Graph], arity: int | None, features: int | None = None) -> Forest:
@@ -297,8 +350,9 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
     if not graphs:
         raise InputError("empty batch: no samples were given")
     for g in graphs:
-        for what in ("children", "tokens", "labels"):       # Graph(...) itself converts nothing
-            a = getattr(g, what)
+        given = g._edges is None            # a child-slot array given to Graph(...), which converts nothing
+        arrays = (("children", g._children),) * given + (("tokens", g.tokens), ("labels", g.labels))
+        for what, a in arrays:
             if not isinstance(a, np.ndarray) or a.dtype.kind not in "iu":
                 got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
                 raise InputError(f"{g.name}: {what} must be an integer NumPy array, got {got} (Graph.from_children "
@@ -306,7 +360,7 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
         n = g.num_vertices
         if n == 0:
             raise InputError(f"{g.name}: empty graph (no vertices)")
-        if g.children.ndim != 2 or g.children.shape[0] != n or len(g.labels) != n:
+        if (given and (g._children.ndim != 2 or g._children.shape[0] != n)) or len(g.labels) != n:
             raise InputError(f"{g.name}: children/tokens/labels disagree on the number of vertices")
         if features is None and g.features is not None:
             raise InputError(f"{g.name}: the graph has features, but the model reads none "
@@ -330,16 +384,18 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
                                  "turn every parameter into NaN")
     sizes = np.array([g.num_vertices for g in graphs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    # every graph's child slots in one array, checked and read at once (a loop per graph costs
-    # more than the arithmetic on a batch of small trees)
-    stacked = np.full((int(offsets[-1]), max(g.children.shape[1] for g in graphs)), -1, dtype=np.int64)
-    for i, g in enumerate(graphs):
-        stacked[offsets[i]:offsets[i + 1], :g.children.shape[1]] = g.children
     owner = np.repeat(np.arange(len(graphs)), sizes)
-    _check_slots(graphs, stacked, owner, offsets, sizes, arity)
-    slots = stacked if arity is None else stacked[:, :arity]
-    edge_parent, k = np.nonzero(slots >= 0)
-    edge_child = slots[edge_parent, k] + offsets[owner[edge_parent]]
+    edge_parent, k, child = _batch_edges(graphs, offsets, sizes)
+    edge_owner = owner[edge_parent]
+    bad = (child < 0) | (child >= sizes[edge_owner])           # child < 0: a slot below -1
+    if arity is not None:
+        bad |= k >= arity
+    if bad.any():                                                # the first graph at fault, named by validate
+        e = int(np.flatnonzero(bad)[0])
+        i = int(edge_owner[e])
+        validate(graphs[i], arity, acyclic=False)
+        raise InputError(f"{graphs[i].name}: vertex {int(edge_parent[e] - offsets[i])} has a child slot out of range")
+    edge_child = child + offsets[edge_owner]
     # a model on edges numbers each vertex's children 0, 1, ... in slot order (holes closed up)
     edge_slot = k if arity is not None else np.arange(len(edge_parent)) - np.searchsorted(edge_parent, edge_parent)
     edge_parent, edge_child, edge_slot = (a.astype(np.int64) for a in (edge_parent, edge_child, edge_slot))

@@ -133,6 +133,32 @@ def test_errors_name_sample_and_vertex():
         cavs.models.build("var_lstm", hidden=4).make_batch([[1, 2, 3], [4, 5, 99999, 6]])
 
 
+def test_a_vertex_of_many_children_costs_its_edges_and_edges_batch_as_slots_do():
+    """from_children keeps the edges: a star of 50,000 vertices batches and steps without the
+    50,000 x 49,999 slot array (20 GB) the dense form would be; a batch mixing graphs given as
+    slot arrays and as edges is the batch of the same graphs all given as slot arrays."""
+    n = 50_000
+    star = cavs.Graph.from_children([[] for _ in range(n - 1)] + [list(range(n - 1))],
+                                    tokens=np.arange(n) % V, labels=np.arange(n) % C, name="star")
+    model = child_sum.model(None, 4, E, V, classes=C)
+    batch = model.make_batch([star])
+    assert not star.given_slots and star._children is None and star.arity == n - 1
+    assert len(batch.forest.edge_child) == n - 1 and batch.forest.level.max() == 1
+    assert np.isfinite(cavs.Engine(model, fusion=False).step(batch))
+    assert star._children is None                       # nothing built the slot array
+    lists = [[[], [0], [0, 1]], [[1, 2], [], [1], []], [[]], [[1], [], [0, 1]]]
+    as_edges = [cavs.Graph.from_children(c, name=f"e{i}") for i, c in enumerate(lists)]
+    as_slots = [Graph(g.children.copy(), g.tokens, g.labels, g.name) for g in as_edges]
+    assert all(g.given_slots for g in as_slots)
+    for arity in (None, 2):
+        want = make_forest(as_slots, arity)
+        for mixed in ([as_slots[0], as_edges[1], as_slots[2], as_edges[3]], as_edges):
+            got = make_forest(mixed, arity)
+            for field in ("edge_parent", "edge_child", "edge_slot", "level", "offsets"):
+                np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=f"{field} {arity}")
+            assert got.width == want.width
+
+
 def test_parent_array_reader():
     g = cavs.graphs.from_parent_array([2, 2, -1, 0], name="p")
     assert g.children.tolist() == [[3, -1], [-1, -1], [0, 1], [-1, -1]]

@@ -58,8 +58,19 @@ def _lines(path: Path) -> list[SourceLine]:
 
 # ---------------------------------------------------------------- SST
 
+SPLITS = {"sst": ("train", "dev", "test"), "ptb": ("train", "valid", "test")}
+
+
+def _split(corpus: str, split: str) -> str:
+    """A split the corpus has (a typo used to read as a missing data file)."""
+    if split not in SPLITS[corpus]:
+        raise ValueError(f"unknown {corpus.upper()} split {split!r}; choose one of {', '.join(SPLITS[corpus])}")
+    return split
+
+
 @functools.lru_cache(maxsize=None)
 def sst_lines(split: str) -> tuple[SourceLine, ...]:
+    _split("sst", split)
     return tuple(line for line in _lines(DATA_DIR / "sst" / f"{split}.txt") if line.strip())
 
 
@@ -87,6 +98,7 @@ def ptb_vocab() -> dict[str, int]:
 
 @functools.lru_cache(maxsize=None)
 def ptb_sentences(split: str) -> tuple[tuple[int, ...], ...]:
+    _split("ptb", split)
     vocab = ptb_vocab()
     out = []
     for line in _lines(DATA_DIR / "ptb" / f"ptb.{split}.txt"):
@@ -119,7 +131,10 @@ def tree_fc_samples(count: int = TREE_FC_EPOCH, leaves: int = 256, seed: int = 0
 
 def load_samples(workload: str, split: str = "train", limit: int | None = None, leaves: int = 256,
                  seed: int = 0) -> list:
-    """The workload's raw samples in file order (tree_fc: generated with `seed`)."""
+    """The workload's raw samples in file order (tree_fc: generated with `seed`); the first `limit`
+    of them (None: all)."""
+    if limit is not None and (not isinstance(limit, (int, np.integer)) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"limit must be a whole number of at least 1 (or None for all), got {limit!r}")
     if workload == "tree_lstm":
         samples = list(sst_lines(split))
     elif workload == "var_lstm":
@@ -146,6 +161,8 @@ def sst_nary_trees(split: str = "train", limit: int | None = None, splice: float
     0.6 most vertices keep 2-3 children and long flat phrases reach 20-30."""
     from ..graphs import Graph
     from ..readers import parse_ptb_tree
+    if not isinstance(splice, (int, float)) or isinstance(splice, bool) or not 0 <= splice <= 1:
+        raise ValueError(f"splice must be a probability in [0, 1], got {splice!r}")
     rng = np.random.default_rng(seed)
     vocab = sst_vocab()
     out = []

@@ -159,6 +159,23 @@ def test_a_vertex_of_many_children_costs_its_edges_and_edges_batch_as_slots_do()
             assert got.width == want.width
 
 
+def test_a_split_limit_or_splice_that_cannot_be_is_named():
+    """A typo in a split read as a missing data file; limit=-1 dropped the last sample in silence."""
+    for call, said in ((lambda: cavs.datasets.sst_lines("trainn"), "unknown SST split 'trainn'; choose one of "
+                                                                   "train, dev, test"),
+                       (lambda: cavs.datasets.ptb_sentences("dev"), "unknown PTB split 'dev'; choose one of train, "
+                                                                    "valid, test"),
+                       (lambda: cavs.datasets.load_samples("tree_lstm", limit=-1), "limit must be a whole number "
+                                                                                   "of at least 1"),
+                       (lambda: cavs.datasets.load_samples("tree_lstm", limit="5"), "limit must be"),
+                       (lambda: cavs.datasets.sst_nary_trees(limit=2, splice=2), r"splice must be a probability")):
+        with pytest.raises(ValueError, match=said):
+            call()
+    assert len(cavs.datasets.load_samples("tree_lstm", "dev", limit=3)) == 3
+    with pytest.raises(ValueError, match="hidden must be a whole number of at least 1, got 0"):
+        cavs.models.build("tree_lstm", hidden=0)       # it said "state ... got 0", the model's 2h
+
+
 def test_parent_array_reader():
     g = cavs.graphs.from_parent_array([2, 2, -1, 0], name="p")
     assert g.children.tolist() == [[3, -1], [-1, -1], [0, 1], [-1, -1]]

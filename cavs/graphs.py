@@ -42,8 +42,10 @@ class Graph:
         """(n, arity) int64: the k-th child of each vertex, -1 where it has none."""
         if self._children is None:
             parent, slot, child = self._edges
-            self._children = np.full((self.num_vertices, self.arity), -1, dtype=np.int64)
-            self._children[parent, slot] = child
+            slots = np.full((self.num_vertices, self.arity), -1, dtype=np.int64)
+            slots[parent, slot] = child
+            slots.setflags(write=False)      # a view of the edges: an edit in place would not reach them
+            self._children = slots
         return self._children
 
     @children.setter
@@ -60,8 +62,8 @@ class Graph:
 
     @property
     def given_slots(self) -> bool:
-        """Whether the graph holds a child-slot array (given to Graph(...), or read): make_forest
-        checks it as given."""
+        """Whether the graph was given a child-slot array (Graph(...), g.children = ...), which
+        make_forest checks as it is; graphs from child lists or parent arrays hold edges."""
         return self._edges is None
 
     @property

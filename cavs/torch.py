@@ -36,6 +36,8 @@ class VertexModule(nn.Module):
 
     def __init__(self, model, *, sparse: bool = False, **engine_options):
         super().__init__()
+        if not isinstance(sparse, bool):
+            raise TypeError(f"sparse must be True or False, got {sparse!r}")
         self.model, self.sparse = model, sparse
         self.engine = Engine(model, **engine_options)
         self._cupy = self.engine.backend.name == "cupy"

@@ -256,6 +256,13 @@ def test_inputs_of_another_dtype_are_cast_and_get_their_gradient_in_it_and_other
         enc(batch, inputs=torch.zeros(batch.num_vertices, E, dtype=torch.complex64))
 
 
+def test_options_of_the_wrong_kind_are_refused():
+    with pytest.raises(TypeError, match="sparse must be True or False, got 'yes'"):
+        cavs.torch.VertexModule(encoder(), sparse="yes")
+    with pytest.raises(TypeError, match="the engine takes a cavs.Model"):
+        cavs.torch.VertexModule(lambda v, p: None)
+
+
 def test_torch_func_transforms_are_refused_by_name():
     enc = module()
     batch = enc.model.make_batch(graphs())

@@ -77,6 +77,10 @@ class Graph:
         slot = self._edges[1]
         return int(slot.max()) + 1 if len(slot) else 1
 
+    def __getstate__(self) -> dict:
+        # the slot array built from edges is left out: it is rebuilt (read-only) when read
+        return {**self.__dict__, "_children": None} if self._edges is not None else self.__dict__
+
     def __repr__(self) -> str:
         return (f"Graph({self.name!r}: {self.num_vertices} vertices, {len(self.edges()[0])} edges"
                 f"{', features' if self.features is not None else ''})")

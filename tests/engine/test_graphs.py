@@ -3,6 +3,7 @@ exactly the line-by-line reader's graphs; every malformed line gets the line-by-
 naming the line; bad graphs (cycles, dangling or too many children, tokens, labels and features out
 of range or of the wrong kind) raise InputError naming the sample and the vertex; a data file that
 is not UTF-8 or is truncated is named."""
+import pickle
 import re
 
 import numpy as np
@@ -146,6 +147,10 @@ def test_a_vertex_of_many_children_costs_its_edges_and_edges_batch_as_slots_do()
     assert len(batch.forest.edge_child) == n - 1 and batch.forest.level.max() == 1
     assert np.isfinite(cavs.Engine(model, fusion=False).step(batch))
     assert star._children is None                       # nothing built the slot array
+    small = cavs.Graph.from_children([[], [0], [0, 1]])
+    assert not small.children.flags.writeable           # built from the edges: an edit would not reach them
+    again = pickle.loads(pickle.dumps(small))
+    assert again._children is None and again.children.tolist() == small.children.tolist()
     lists = [[[], [0], [0, 1]], [[1, 2], [], [1], []], [[]], [[1], [], [0, 1]]]
     as_edges = [cavs.Graph.from_children(c, name=f"e{i}") for i, c in enumerate(lists)]
     as_slots = [Graph(g.children.copy(), g.tokens, g.labels, g.name) for g in as_edges]

@@ -158,11 +158,7 @@ class Engine:
         if not self._finite(loss, squares, row_grads):
             self.skipped_steps += 1
             if self.on_nonfinite == "raise":
-                names = batch.forest.names
-                raise NonFiniteError(f"the batch of {len(names)} graphs ({names[0]}, ...) gives a loss of {loss} or a "
-                                     f"gradient that is not finite; the parameters were not updated (Engine("
-                                     f"on_nonfinite='skip') skips such steps; a smaller learning rate or clipping "
-                                     f"avoids them)")
+                raise NonFiniteError(self._nonfinite_message(batch, loss, row_grads))
             return loss
         grads = {k: g for k, g in self._grads.items() if k not in self.frozen}
         sparse = EMBEDDING if rows is not None and EMBEDDING not in self.frozen else None
@@ -485,6 +481,19 @@ class Engine:
         if row_grads is not None:
             out[EMBEDDING] = out.get(EMBEDDING, 0.0) + float(xp.vdot(row_grads.ravel(), row_grads.ravel()))
         return out
+
+    def _nonfinite_message(self, batch, loss, row_grads) -> str:
+        names = batch.forest.names
+        what = f"the batch of {len(names)} graphs ({names[0]}, ...)"
+        after = ("the parameters were not updated (Engine(on_nonfinite='skip') skips such steps; a smaller "
+                 "learning rate or clipping avoids them)")
+        if not np.isfinite(loss):
+            return f"{what} gives a loss of {loss}, which is not finite; {after}"
+        grads = {**self._grads, **({} if row_grads is None else {EMBEDDING: row_grads})}
+        bad = [k for k, g in grads.items() if not bool(self.xp.isfinite(g).all())]
+        return (f"{what} gives a finite loss ({loss:.6g}) but gradients that are not finite ({', '.join(bad)}): the "
+                f"backward pass overflowed {self.dtype.name} (on deep graphs whose vertices have several parents "
+                f"gradients add up along every path; a model with dtype='float64' has more range); {after}")
 
     def _finite(self, loss, squares: dict, row_grads) -> bool:
         xp = self.xp

@@ -233,6 +233,19 @@ def test_huge_finite_logits_give_a_loss_above_zero_and_overflowed_ones_raise_upd
     assert issubclass(cavs.NonFiniteError, ArithmeticError) and "NonFiniteError" in cavs.__all__
 
 
+def test_a_backward_pass_that_overflows_names_the_gradients_and_float64():
+    """A ladder DAG (two vertices per level, each the child of both above it) doubles its paths at
+    every level: after 300 levels float32's gradients overflow while the loss stays finite."""
+    lists = [[], []] + [[2 * (level - 1), 2 * level - 1] for level in range(1, 300) for _ in range(2)]
+    ladder = cavs.Graph.from_children(lists, tokens=np.arange(len(lists)) % 7,
+                                      labels=[-1] * (len(lists) - 1) + [1], name="ladder")
+    with pytest.raises(cavs.NonFiniteError, match=r"ladder, \.\.\.\) gives a finite loss \([\d.]+\) but gradients that "
+                                                  r"are not finite \(W, U, .*\): the backward pass overflowed float32 .*"
+                                                  r"dtype='float64' has more range"):
+        cavs.Engine(model(dtype="float32"), fusion=False).step(model(dtype="float32").make_batch([ladder]))
+    assert np.isfinite(cavs.Engine(model(), fusion=False).step(model().make_batch([ladder])))    # float64
+
+
 def test_float32_sgd_diverging_at_lr_1e6_never_reports_a_negative_loss():
     m = model(dtype="float32")
     batch = m.make_batch(nary_trees())

@@ -616,6 +616,8 @@ class ParamView(MutableMapping):
     def __setitem__(self, name, value):
         old = self._array(name)
         value = np.asarray(value)
+        if value.dtype.kind not in "iuf":       # a str or None fails in isfinite; complex would drop its imaginary part
+            raise ValueError(f"parameter {name} takes real numbers, got an array of dtype {value.dtype}")
         if value.shape != tuple(old.shape):
             raise ValueError(f"parameter {name} has shape {tuple(old.shape)}, got {value.shape}")
         check_finite(name, value)

@@ -81,6 +81,10 @@ def test_non_finite_parameter_values_are_refused_naming_the_parameter(tmp_path):
     assert_unchanged(engine, before)
     with pytest.raises(KeyError, match=r"no parameter 'Wx'; .* has emb, W, U, b"):
         engine.params["Wx"] = w
+    for wrong in (np.full(w.shape, "a"), np.full(w.shape, None), w.astype(complex)):
+        with pytest.raises(ValueError, match=rf"parameter Uf takes real numbers, got an array of dtype {wrong.dtype}"):
+            engine.params["Uf"] = wrong
+    assert_unchanged(engine, before)
     assert "Wx" not in engine.params and "Uf" in engine.params
     engine.save(tmp_path / "fine.npz")
     with np.load(tmp_path / "fine.npz") as f:

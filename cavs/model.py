@@ -209,6 +209,15 @@ class Model:
 
     def make_batch(self, samples: list) -> Batch:
         """`Graph`s (or the raw samples the model's reader takes) -> a checked, batched forest."""
+        if isinstance(samples, Graph):
+            raise TypeError(f"{self.name}: make_batch takes a list of graphs, got one cavs.Graph; write "
+                            "make_batch([graph])")
+        if not isinstance(samples, (list, tuple, str)):
+            try:
+                samples = list(samples)          # a generator or another iterable of graphs
+            except TypeError:
+                raise TypeError(f"{self.name}: make_batch takes a list of graphs, got "
+                                f"{type(samples).__name__}") from None
         if len(samples) == 0:
             raise InputError(f"{self.name}: empty batch: no graphs were given")
         if all(isinstance(s, Graph) for s in samples):

@@ -176,6 +176,19 @@ def test_graphs_instead_of_a_batch_are_refused_with_the_fix():
             engine.step(wrong)
 
 
+def test_make_batch_takes_any_iterable_of_graphs_but_not_one_graph():
+    mine = model()
+    graphs = [dag(), *nary_trees(2)]
+    want = mine.make_batch(graphs).forest
+    for given in (tuple(graphs), (g for g in graphs)):
+        np.testing.assert_array_equal(mine.make_batch(given).forest.edge_child, want.edge_child)
+    with pytest.raises(TypeError, match=r"make_batch takes a list of graphs, got one cavs.Graph; write "
+                                        r"make_batch\(\[graph\]\)"):
+        mine.make_batch(dag())
+    with pytest.raises(TypeError, match="make_batch takes a list of graphs, got int"):
+        mine.make_batch(5)
+
+
 def test_a_training_batch_without_a_label_warns():
     mine = model()
     engine = cavs.Engine(mine, fusion=False)

@@ -29,7 +29,8 @@ from .backend import get_backend
 from .loss import softmax, softmax_cross_entropy, warm_up as loss_warm_up
 from .lowering import Lowered
 from .memory import Counters, EdgePlan, LossPlan, MessagePlans, PullPlan, Timings
-from .model import EMBEDDING, HEAD, Batch, Model, check_finite
+from .graphs import whole
+from .model import EMBEDDING, HEAD, Batch, Model, check_finite, check_whole
 from .scheduler import POLICIES
 from .support import SKIP, actions
 
@@ -57,12 +58,11 @@ class Engine:
             if not (isinstance(value, (bool, np.bool_)) or (may_be_none and value is None)):
                 raise TypeError(f"{name} must be True or False{' (or None: the default)' if may_be_none else ''}, "
                                 f"got {value!r}")
-        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
-            raise ValueError(f"seed must be a whole number of at least 0 (or None: the model's), got {seed!r}")
+        if seed is not None:                  # None: the model's
+            check_whole("seed", seed, least=0)
         if isinstance(frozen, str):      # one name, not its letters
             frozen = (frozen,)
-        if threads is not None and (not isinstance(threads, (int, np.integer)) or isinstance(threads, bool)
-                                    or threads < 0):
+        if threads is not None and (not whole(threads) or threads < 0):
             raise ValueError(f"threads must be a positive integer (or None or 0 to leave the process's "
                              f"setting as it is), got {threads!r}")
         if on_nonfinite not in ("raise", "skip"):
@@ -73,7 +73,6 @@ class Engine:
                              f"{', '.join(model.param_shapes)}")
         self.frozen, self.on_nonfinite, self.skipped_steps = frozenset(frozen), on_nonfinite, 0
         self.model, self.policy = model, policy
-        # docs/workloads.md's rule by default: SGD, lr 1.0, gradients clipped to a global norm of 5.0
         if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
             kind = type(optimizer)
             got = (f"the class {optimizer.__name__} (give an instance: {optimizer.__name__}(lr=...))"
@@ -81,6 +80,7 @@ class Engine:
                    else f"{kind.__module__}.{kind.__qualname__}")
             raise TypeError(f"optimizer must be a cavs optimizer (cavs.optim.SGD(...), Adagrad(...), Adam(...)), got "
                             f"{got}; a torch.optim optimizer trains a cavs.torch.VertexModule")
+        # docs/workloads.md's rule by default: SGD, lr 1.0, gradients clipped to a global norm of 5.0
         self.optimizer = optimizer if optimizer is not None else optim.SGD(lr=1.0, clip_norm=5.0)
         self.backend = get_backend(backend)
         # defaults = the fastest combination measured (docs/design.md): fusion everywhere (on the CPU
@@ -459,9 +459,7 @@ class Engine:
                              f"(.{'cpu' if self.backend.name == 'numpy' else 'cuda'}())")
         if tensor.dtype.is_floating_point and tensor.dtype != getattr(torch, self.dtype.name):
             tensor = tensor.to(getattr(torch, self.dtype.name))
-        if self.backend.name == "numpy":
-            return tensor.numpy()
-        return self.xp.from_dlpack(tensor) if device == "cuda" else tensor.numpy()
+        return self.xp.from_dlpack(tensor) if device == "cuda" else tensor.numpy()      # NumPy took CPU tensors only
 
     @property
     def _pull_width(self):

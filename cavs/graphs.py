@@ -21,6 +21,11 @@ class InputError(ValueError):
     """Bad input data: the message names the file/line or sample and the vertex at fault."""
 
 
+def whole(value) -> bool:
+    """A Python or NumPy integer, not a bool (True is an int to Python, never an index or a size)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 class Graph:
     """One sample. `Graph(children, tokens, labels, name, features)` takes the (n, arity) child-slot
     array as it is; `from_children` and `from_parents` keep the edges instead (each edge's parent,
@@ -99,7 +104,7 @@ class Graph:
             raise InputError(f"{name}: empty graph (no vertices)")
         for v, c in enumerate(lists):
             for k, child in enumerate(c):
-                if not isinstance(child, (int, np.integer)) or isinstance(child, bool):
+                if not whole(child):
                     raise InputError(f"{name}: vertex {v} child {k} is {child!r}, not a vertex index")
         degree = np.array([len(c) for c in lists], dtype=np.int64)
         parent = np.repeat(np.arange(n, dtype=np.int64), degree)

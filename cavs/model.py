@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .grad import derive
-from .graphs import Graph, InputError, make_forest
+from .graphs import Graph, InputError, make_forest, whole
 from .scheduler import schedule
 from .vertex import TraceError, trace
 
@@ -83,10 +83,14 @@ class Batch:
         return self.forest.num_samples
 
 
+def check_whole(what: str, value, least: int = 1) -> None:
+    if not whole(value) or value < least:
+        raise ValueError(f"{what} must be a whole number of at least {least}, got {value!r}")
+
+
 def _spec_of(name: str, spec):
     """A parameter as declared: a shape (a tuple, or a list of whole numbers) to initialise, or its
     initial values (a NumPy array, or a list of numbers that are not all whole), as float64."""
-    whole = lambda d: isinstance(d, (int, np.integer)) and not isinstance(d, bool)
     if isinstance(spec, tuple) or (isinstance(spec, list) and spec and all(whole(d) for d in spec)):
         if not spec or not all(whole(d) for d in spec):
             raise ValueError(f"parameter {name!r}: shape {tuple(spec)} must be whole numbers (give initial values "
@@ -100,11 +104,6 @@ def _spec_of(name: str, spec):
         raise ValueError(f"parameter {name!r}: give a shape tuple or a numeric array, got {got}")
     check_finite(name, a)
     return a.astype(np.float64)
-
-
-def _check_whole(what: str, value, least: int = 1) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{what} must be a whole number of at least {least}, got {value!r}")
 
 
 def _shape_of(spec) -> tuple:
@@ -132,20 +131,19 @@ class Model:
             np.dtype(dtype)
         except TypeError:
             raise ValueError(f"dtype {dtype!r} is not a NumPy dtype; use float32 (or float64)") from None
-        _check_whole("state", state)
+        check_whole("state", state)
         if inputs is not None:
-            _check_whole("inputs", inputs)
+            check_whole("inputs", inputs)
         if embedding is not None:
             if not isinstance(embedding, (tuple, list)) or len(embedding) != 2:
                 raise ValueError(f"embedding must be a pair (V, E): the vocabulary and the width, got {embedding!r}")
-            _check_whole("embedding's vocabulary V", embedding[0])
-            _check_whole("embedding's width E", embedding[1])
-        _check_whole("seed", seed, least=0)
+            check_whole("embedding's vocabulary V", embedding[0])
+            check_whole("embedding's width E", embedding[1])
+        check_whole("seed", seed, least=0)
         if np.dtype(dtype).name not in DTYPES:
             raise ValueError(f"dtype {np.dtype(dtype).name} is not supported end to end (the fused kernels, the "
                              f"loss and the products run in {' or '.join(DTYPES)}); use float32")
-        if classes is not None and (not isinstance(classes, (int, np.integer)) or isinstance(classes, bool)
-                                    or classes < 2):
+        if classes is not None and (not whole(classes) or classes < 2):
             raise ValueError(f"classes must be an integer >= 2 for the softmax head, or None for no head "
                              f"(a pure encoder: engine.forward / engine.backward, cavs.torch), got {classes!r}")
         if reduction not in REDUCTIONS:
@@ -153,7 +151,7 @@ class Model:
         if embedding is not None and inputs is not None:
             raise ValueError("give embedding=(V, E) (pull() reads a trained table) or inputs=D "
                              "(pull() reads the graph's features), not both")
-        if arity is not None and (not isinstance(arity, (int, np.integer)) or isinstance(arity, bool) or arity < 1):
+        if arity is not None and (not whole(arity) or arity < 1):
             raise ValueError(f"arity must be a positive integer (or None for a vertex function that reads "
                              f"its children with v.children()), got {arity!r}")
         params = dict(params or {})

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .graphs import whole
 from .ops import OPS, Node, ShapeError
 
 
@@ -115,6 +116,18 @@ def _constant(value, op: str) -> float | None:
         shown = repr(value) if len(repr(value)) <= 24 else f"{repr(value)[:12]}... ({len(repr(value))} digits)"
         raise TraceError(f"{_user_line()} ({op}): the constant {shown} is not a finite number")
     return c
+
+
+def _no_attribute(shown: str, what: str, has: str, own=("_t",)):
+    """__getattr__ for a name not found the normal way: a TraceError (an AttributeError too, so
+    that hasattr() still works) naming it, the line and what there is (`what` carries its verb:
+    "a vertex has"); Python's own protocols (dunders) and the object's own fields keep their plain
+    AttributeError."""
+    def missing(self, name):
+        if name.startswith("__") or name in own:
+            raise AttributeError(name)
+        raise UnknownAttributeError(f"{_user_line()} ({shown}{name}): {what} no attribute {name!r}; {has}")
+    return missing
 
 
 def _not_an_op(text: str, advice: str):
@@ -237,7 +250,7 @@ class Symbol:
             raise TraceError(f"{_user_line()} (slice): only contiguous slices like s[a:b] are supported")
         w, shown = self.width, f"[{'' if item.start is None else item.start}:{'' if item.stop is None else item.stop}]"
         for bound in (item.start, item.stop):
-            if bound is not None and (not isinstance(bound, (int, np.integer)) or isinstance(bound, bool)):
+            if bound is not None and not whole(bound):
                 raise TraceError(f"{_user_line()} (slice): {shown}: the bounds must be whole numbers")
             if bound is not None and not -w <= bound <= w:     # NumPy would clip it in silence
                 raise TraceError(f"{_user_line()} (slice): {shown} reaches past the value's width {w}")
@@ -318,14 +331,9 @@ class Symbol:
 
     __float__ = __int__ = __index__ = __complex__ = _no_number
 
-    def __getattr__(self, name):
-        # only for names not found the normal way; Python's own protocols (dunders) keep their AttributeError
-        if name.startswith("__") or name in ("_t", "node"):
-            raise AttributeError(name)
-        raise UnknownAttributeError(
-            f"{_user_line()} (.{name}): a traced value has no attribute {name!r}; it has .split(n), slices "
-            "s[a:b], .width, and on per-edge values .sum(), .mean(), .max(); functions are cavs.sigmoid, "
-            "cavs.tanh, cavs.exp, ... (docs/library.md lists every op)")
+    __getattr__ = _no_attribute(".", "a traced value has", "it has .split(n), slices s[a:b], .width, and on per-edge "
+                                "values .sum(), .mean(), .max(); functions are cavs.sigmoid, cavs.tanh, cavs.exp, "
+                                "... (docs/library.md lists every op)", own=("_t", "node"))
 
 
 class Param:
@@ -394,12 +402,8 @@ class EdgeSet:
                              "each vertex's edges; got a per-vertex value")
         return self._t.wrap(self._t.program.add("edge_softmax", (node,)))
 
-    def __getattr__(self, name):
-        if name.startswith("__") or name == "_t":
-            raise AttributeError(name)
-        raise UnknownAttributeError(
-            f"{_user_line()} (children().{name}): the edges have no attribute {name!r}; they have .state (per edge), "
-            ".broadcast(x) and .softmax(e); reduce a per-edge value with e.sum(), e.mean(), e.max()")
+    __getattr__ = _no_attribute("children().", "the edges have", "they have .state (per edge), .broadcast(x) and "
+                                ".softmax(e); reduce a per-edge value with e.sum(), e.mean(), e.max()")
 
 
 def _not_a_param(node: Node, op: str) -> None:
@@ -420,7 +424,7 @@ class Vertex:
         if t.arity is None:
             raise TraceError(f"{_user_line()} (gather): gather(k) reads child slot k; declare the model's "
                              "arity=K, or use v.children() for any number of children")
-        if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
+        if not whole(k):
             raise TraceError(f"{_user_line()} (gather): the child index must be a whole number in 0..{t.arity - 1}, "
                              f"got {k!r}")
         if not 0 <= k < t.arity:
@@ -477,13 +481,8 @@ class Vertex:
             raise TraceError(f"{_user_line()} (push): push sends a per-vertex value; reduce the edges first")
         t.pushed = t.program.add("push", (node,))
 
-    def __getattr__(self, name):
-        # only for names not found the normal way; Python's own protocols (dunders) keep their AttributeError
-        if name.startswith("__") or name == "_t":
-            raise AttributeError(name)
-        raise UnknownAttributeError(
-            f"{_user_line()} (v.{name}): a vertex has no attribute {name!r}; it has v.gather(k), v.children(), "
-            "v.num_children(), v.pull(), v.scatter(s) and v.push(s) (docs/library.md)")
+    __getattr__ = _no_attribute("v.", "a vertex has", "it has v.gather(k), v.children(), v.num_children(), v.pull(), "
+                                "v.scatter(s) and v.push(s) (docs/library.md)")
 
 
 class Tracer:

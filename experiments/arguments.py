@@ -1,6 +1,7 @@
-"""argparse types for the comma-separated options of the studies: a bad item is an argparse error
-that names the option and the item (before anything is measured), never a traceback from a
-study's main() or an option that silently selects nothing."""
+"""argparse types for the options of the studies, the sweep and bench-ci (numbers, and
+comma-separated lists): a bad value is an argparse error that names the option and the item
+(before anything is measured), never a traceback from a study's main() or an option that silently
+selects nothing."""
 from __future__ import annotations
 
 import argparse

@@ -7,8 +7,7 @@ engine: the data sets (`datasets`), sizes, initial values and readers (`workload
 """
 from __future__ import annotations
 
-import numpy as np
-
+from ..model import check_whole
 from . import datasets, workloads
 from . import fixed_lstm, tree_fc, tree_lstm, var_lstm
 
@@ -26,8 +25,7 @@ def build(name: str, hidden: int = 64, seed: int = 0, dtype="float32", reduction
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     for what, value in (("hidden", hidden), ("leaves", leaves), ("embed", 1 if embed is None else embed)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{what} must be a whole number of at least 1, got {value!r}")
+        check_whole(what, value)
     kwargs = {} if embed is None or name == "tree_fc" else {"embed": embed}
     model = MODELS[name](hidden, seed=seed, dtype=dtype, reduction=reduction, **kwargs)
     model.workload, model.hidden, model.leaves = name, hidden, leaves

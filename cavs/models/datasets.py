@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..graphs import InputError
+from ..model import check_whole
 from ..readers import SourceLine
 
 DATA_DIR = Path(os.environ.get("CAVS_DATA", Path(__file__).resolve().parents[2] / "data"))
@@ -133,8 +134,8 @@ def load_samples(workload: str, split: str = "train", limit: int | None = None, 
                  seed: int = 0) -> list:
     """The workload's raw samples in file order (tree_fc: generated with `seed`); the first `limit`
     of them (None: all)."""
-    if limit is not None and (not isinstance(limit, (int, np.integer)) or isinstance(limit, bool) or limit < 1):
-        raise ValueError(f"limit must be a whole number of at least 1 (or None for all), got {limit!r}")
+    if limit is not None:                     # None: all
+        check_whole("limit", limit)
     if workload == "tree_lstm":
         samples = list(sst_lines(split))
     elif workload == "var_lstm":

@@ -409,7 +409,6 @@ def make_forest(graphs: list[Graph], arity: int | None, features: int | None = N
     edge_child = child + offsets[edge_owner]
     # a model on edges numbers each vertex's children 0, 1, ... in slot order (holes closed up)
     edge_slot = k if arity is not None else np.arange(len(edge_parent)) - np.searchsorted(edge_parent, edge_parent)
-    edge_parent, edge_child, edge_slot = (a.astype(np.int64) for a in (edge_parent, edge_child, edge_slot))
     width = arity if arity is not None else (int(edge_slot.max()) + 1 if len(edge_slot) else 1)
     names = [g.name for g in graphs]
     level = edge_levels(int(offsets[-1]), edge_parent, edge_child)

@@ -74,8 +74,6 @@ def cmd_run(parser, args):
     unknown = arguments.not_in_experiment(exp, args.systems, args.panels)
     if unknown:
         parser.error(unknown)
-    if args.threads < 1:
-        parser.error("--threads must be at least 1")
     if args.results and os.path.exists(args.results) and not os.path.isdir(args.results):
         parser.error(f"--results {args.results} is a file; give a directory (it is created if missing)")
     if args.dry_run:
